@@ -1,0 +1,197 @@
+"""Baseline storage: one JSON file per scenario group under
+``baselines/<hardware-profile>/<group>.json``.
+
+Files are written only by ``--perf-update-baselines``, atomically (temp file plus
+rename in the same folder), with sorted keys so diffs stay small. Hand-set keys
+(``tolerances``, ``note`` and anything unknown) survive an update; scenarios the
+run did not measure are left untouched. A corrupt or schema-invalid file raises
+:class:`BaselineError` naming the file and is never rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from perfsuite.scenario import METRIC_DIRECTIONS, OUTCOMES
+
+SCHEMA_VERSION = 1
+
+
+class BaselineError(Exception):
+    """A baseline file cannot be used; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class BaselineEntry:
+    """The stored baseline of one scenario on one profile."""
+
+    expected: str
+    metrics: Mapping[str, Any]
+    tolerances: Mapping[str, float]
+    fingerprint: Mapping[str, Any]
+    note: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def value(self, metric: str) -> float | None:
+        raw = self.metrics.get(metric)
+        if isinstance(raw, Mapping):
+            return float(raw["mean"])
+        return None if raw is None else float(raw)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "expected": self.expected,
+            "metrics": dict(self.metrics),
+            "tolerances": dict(self.tolerances),
+            "fingerprint": dict(self.fingerprint),
+            **({"note": self.note} if self.note else {}),
+        }
+
+
+def _problem(path: Path, where: str, what: str) -> BaselineError:
+    return BaselineError(
+        f"baseline file {path}: {where} {what}. Fix or delete the entry by hand, or "
+        "restore the file from version control; perfsuite will not overwrite it."
+    )
+
+
+def _parse_entry(path: Path, key: str, raw: Any) -> BaselineEntry:
+    where = f"scenarios[{key!r}]"
+    if not isinstance(raw, dict):
+        raise _problem(path, where, "must be an object")
+    expected = raw.get("expected", "ok")
+    if expected not in OUTCOMES:
+        raise _problem(path, f"{where}.expected", f"must be one of {OUTCOMES}, got {expected!r}")
+    metrics = raw.get("metrics", {})
+    if not isinstance(metrics, dict):
+        raise _problem(path, f"{where}.metrics", "must be an object")
+    for name, value in metrics.items():
+        _check_metric(path, f"{where}.metrics.{name}", value)
+    tolerances = raw.get("tolerances", {})
+    if not isinstance(tolerances, dict):
+        raise _problem(path, f"{where}.tolerances", "must be an object")
+    for name, tol in tolerances.items():
+        if name not in METRIC_DIRECTIONS or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
+            raise _problem(
+                path,
+                f"{where}.tolerances.{name}",
+                f"must name one of {sorted(METRIC_DIRECTIONS)} with a value in [0, 1)",
+            )
+    known = {"expected", "metrics", "tolerances", "fingerprint", "note"}
+    return BaselineEntry(
+        expected=expected,
+        metrics=metrics,
+        tolerances=tolerances,
+        fingerprint=raw.get("fingerprint") or {},
+        note=str(raw.get("note", "")),
+        extra={k: v for k, v in raw.items() if k not in known},
+    )
+
+
+def _check_metric(path: Path, where: str, value: Any) -> None:
+    if isinstance(value, dict):
+        if not isinstance(value.get("mean"), (int, float)):
+            raise _problem(path, where, "must hold a numeric 'mean'")
+    elif not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise _problem(path, where, f"must be a number or {{mean, std, n}}, got {value!r}")
+
+
+def load_group_file(path: Path) -> dict[str, BaselineEntry]:
+    """Entries of one group file; an absent file is an empty group."""
+    if not path.exists():
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _problem(path, "content", f"is not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise _problem(path, "top level", "must be an object")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise _problem(
+            path, "schema_version", f"must be {SCHEMA_VERSION}, got {doc.get('schema_version')!r}"
+        )
+    scenarios = doc.get("scenarios")
+    if not isinstance(scenarios, dict):
+        raise _problem(path, "scenarios", "must be an object mapping scenario ids to entries")
+    return {key: _parse_entry(path, key, raw) for key, raw in scenarios.items()}
+
+
+class BaselineStore:
+    """Baselines of one profile; group files are read once and cached."""
+
+    def __init__(self, root: Path, profile: str) -> None:
+        self.folder = root / profile
+        self.profile = profile
+        self._cache: dict[str, dict[str, BaselineEntry]] = {}
+
+    def path(self, group: str) -> Path:
+        return self.folder / f"{group}.json"
+
+    def group(self, group: str) -> dict[str, BaselineEntry]:
+        if group not in self._cache:
+            self._cache[group] = load_group_file(self.path(group))
+        return self._cache[group]
+
+    def get(self, group: str, scenario_id: str) -> BaselineEntry | None:
+        return self.group(group).get(scenario_id)
+
+    def record(
+        self,
+        group: str,
+        scenario_id: str,
+        expected: str,
+        metrics: Mapping[str, Any],
+        fingerprint: Mapping[str, Any],
+    ) -> BaselineEntry:
+        """Store a measured outcome, keeping hand-set tolerances and notes."""
+        entries = dict(self.group(group))  # raises on a corrupt file: never overwrite it
+        old = entries.get(scenario_id)
+        entry = BaselineEntry(
+            expected=expected,
+            metrics=metrics,
+            tolerances=old.tolerances if old else {},
+            fingerprint=fingerprint,
+            note=old.note if old else "",
+            extra={**(old.extra if old else {}), "recorded_at": _now()},
+        )
+        entries[scenario_id] = entry
+        self._write(group, entries)
+        self._cache[group] = entries
+        return entry
+
+    def _write(self, group: str, entries: Mapping[str, BaselineEntry]) -> None:
+        doc = {
+            "schema_version": SCHEMA_VERSION,
+            "profile": self.profile,
+            "group": group,
+            "scenarios": {key: entries[key].to_json() for key in sorted(entries)},
+        }
+        atomic_write_json(self.path(group), doc)
+
+
+def atomic_write_json(path: Path, doc: Any) -> None:
+    """Write JSON so readers see the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(doc, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()

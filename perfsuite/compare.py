@@ -1,0 +1,140 @@
+"""Judgement: turn a run's outcome and metrics plus a baseline into a verdict.
+
+Direction-aware: throughput must not drop, memory must not grow. A change beyond
+tolerance in the good direction passes but flags the baseline as stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from perfsuite.baselines import BaselineEntry
+from perfsuite.scenario import METRIC_DIRECTIONS
+from perfsuite.stats import ScenarioMetrics
+
+Verdict = Literal[
+    "pass",
+    "regression",
+    "improved",
+    "expected_oom",
+    "unexpected_oom",
+    "unexpected_pass",
+    "no_baseline",
+    "error",
+    "skipped",
+]
+FAILING: frozenset[str] = frozenset({"regression", "unexpected_oom", "unexpected_pass", "error"})
+
+
+@dataclass(frozen=True)
+class MetricCheck:
+    """One metric compared with its baseline value."""
+
+    metric: str
+    current: float
+    baseline: float
+    tolerance: float
+    direction: Literal["higher", "lower"]
+    outcome: Literal["pass", "regression", "improved"] = "pass"
+
+    @property
+    def delta(self) -> float:
+        """Relative change, signed: +0.10 means 10% more than the baseline."""
+        return (self.current - self.baseline) / self.baseline if self.baseline else 0.0
+
+    def describe(self) -> str:
+        return (
+            f"{self.metric}: {self.current:.4g} vs baseline {self.baseline:.4g} "
+            f"({self.delta:+.1%}, tolerance {self.tolerance:.0%}, {self.direction} is better)"
+        )
+
+
+def check_metric(check: MetricCheck) -> MetricCheck:
+    """Default comparison: relative change against a symmetric tolerance."""
+    worse = -check.delta if check.direction == "higher" else check.delta
+    if worse > check.tolerance:
+        return replace(check, outcome="regression")
+    if -worse > check.tolerance:
+        return replace(check, outcome="improved")
+    return replace(check, outcome="pass")
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    message: str
+    checks: tuple[MetricCheck, ...] = ()
+    stack_changes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in FAILING
+
+
+def resolve_tolerances(
+    profile_defaults: Mapping[str, float],
+    scenario: Mapping[str, float],
+    baseline: BaselineEntry | None,
+) -> dict[str, float]:
+    """Baseline (hand-set or calibrated) beats scenario beats profile default."""
+    merged = dict(profile_defaults)
+    merged.update(scenario)
+    if baseline is not None:
+        merged.update(baseline.tolerances)
+    return merged
+
+
+def judge_outcome(status: str, expected: str, baseline: BaselineEntry | None) -> Judgement | None:
+    """Verdicts decided by the outcome alone (OOM expectations, missing baseline)."""
+    if status == "oom":
+        if expected == "oom":
+            return Judgement("expected_oom", "ran out of memory, as expected")
+        return Judgement(
+            "unexpected_oom",
+            "ran out of memory where it was expected to fit; if the new footprint is "
+            "intended, record it with --perf-update-baselines",
+        )
+    if expected == "oom":
+        return Judgement(
+            "unexpected_pass",
+            "trained although an out-of-memory was expected: the footprint shrank or "
+            "the limit grew; update the baseline with --perf-update-baselines",
+        )
+    if baseline is None:
+        return Judgement("no_baseline", "no baseline recorded")
+    return None
+
+
+def judge_metrics(
+    metrics: ScenarioMetrics,
+    baseline: BaselineEntry,
+    tolerances: Mapping[str, float],
+    compare: Callable[[MetricCheck], MetricCheck] = check_metric,
+) -> Judgement:
+    checks = []
+    for metric, direction in METRIC_DIRECTIONS.items():
+        base = baseline.value(metric)
+        if base is None or metric not in tolerances:
+            continue
+        checks.append(
+            compare(
+                MetricCheck(metric, metrics.metric(metric), base, tolerances[metric], direction)
+            )
+        )
+    regressions = [c for c in checks if c.outcome == "regression"]
+    improvements = [c for c in checks if c.outcome == "improved"]
+    if regressions:
+        return Judgement(
+            "regression", "; ".join(c.describe() for c in regressions), tuple(checks)
+        )
+    if improvements:
+        return Judgement(
+            "improved",
+            "better than baseline beyond tolerance, the baseline is stale "
+            "(refresh with --perf-update-baselines): "
+            + "; ".join(c.describe() for c in improvements),
+            tuple(checks),
+        )
+    return Judgement("pass", "within tolerance of baseline", tuple(checks))

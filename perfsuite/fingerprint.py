@@ -1,0 +1,121 @@
+"""Machine fingerprint: what a baseline was recorded on.
+
+Read in the pytest process without importing torch or touching CUDA: GPUs and the
+driver come from NVML (``pynvml`` does not create a CUDA context), package
+versions from installed metadata. The worker adds what only a live torch can
+tell (torch's CUDA and NCCL versions) under ``"runtime"``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+from typing import Any
+
+#: Packages whose version changes are worth flagging next to a verdict.
+TRACKED_PACKAGES = (
+    "torch",
+    "transformers",
+    "deepspeed",
+    "fairscale",
+    "onnxruntime-training",
+    "megatron-core",
+    "perfsuite",
+)
+
+
+def package_versions() -> dict[str, str]:
+    versions: dict[str, str] = {}
+    for name in TRACKED_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def _nvml_gpus() -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """GPUs visible to this process and driver facts; empty without NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return [], {}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return [], {}
+    try:
+        visible = _visible_indices(pynvml.nvmlDeviceGetCount())
+        gpus = []
+        for index in visible:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(
+                {
+                    "index": index,
+                    "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                    "memory_mib": memory.total // 2**20,
+                }
+            )
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion()
+        driver = {
+            "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
+            "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}",
+        }
+        return gpus, driver
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _visible_indices(count: int) -> list[int]:
+    # Respect CUDA_VISIBLE_DEVICES given as indices, the way CI runners pin GPUs;
+    # UUID lists are rare on runners and fall back to all devices.
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return list(range(count))
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if all(p.isdigit() for p in parts):
+        return [int(p) for p in parts if int(p) < count]
+    return list(range(count))
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def machine_fingerprint() -> dict[str, Any]:
+    """Fingerprint of this machine, cheap enough to take once per session."""
+    gpus, driver = _nvml_gpus()
+    return {
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "gpus": gpus,
+        "gpu_count": len(gpus),
+        **driver,
+        "packages": package_versions(),
+    }
+
+
+#: Fingerprint fields whose change means the stack, not the code, may have moved.
+STACK_FIELDS = ("driver", "cuda_driver", "gpu_count")
+
+
+def stack_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Human-readable differences in hardware and software stack."""
+    changes = []
+    old_gpu = (recorded.get("gpus") or [{}])[0].get("name")
+    new_gpu = (current.get("gpus") or [{}])[0].get("name")
+    if old_gpu != new_gpu:
+        changes.append(f"GPU {old_gpu} -> {new_gpu}")
+    for key in STACK_FIELDS:
+        if recorded.get(key) != current.get(key):
+            changes.append(f"{key} {recorded.get(key)} -> {current.get(key)}")
+    for section in ("packages", "runtime"):
+        old, new = recorded.get(section) or {}, current.get(section) or {}
+        for name in sorted(set(old) | set(new)):
+            if old.get(name) != new.get(name):
+                changes.append(f"{name} {old.get(name)} -> {new.get(name)}")
+    return changes

@@ -1,0 +1,5 @@
+"""Launchers start a scenario's workers in fresh processes and report the outcome."""
+
+from perfsuite.launch.base import Launcher, LaunchOutcome, RankFailure, WorkerJob
+
+__all__ = ["LaunchOutcome", "Launcher", "RankFailure", "WorkerJob"]

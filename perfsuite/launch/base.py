@@ -1,0 +1,154 @@
+"""Launcher interface and the classification of a finished launch.
+
+A launcher only starts processes and waits; what the workers measured comes back
+as one JSON report per rank in the job's folder. Classification looks at those
+reports first and at each rank's stderr second, because a rank killed by the
+allocator (``std::bad_alloc``, SIGKILL) never writes its report.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Status = Literal["ok", "oom", "timeout", "crash", "skipped"]
+
+# Messages of a real allocation failure, on CUDA and on CPU (RLIMIT_DATA makes
+# torch's CPU allocator and glibc fail this way).
+OOM_PATTERNS = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|out of memory|"
+    r"DefaultCPUAllocator: can't allocate memory|MemoryError|std::bad_alloc|"
+    r"Cannot allocate memory"
+)
+TAIL_LINES = 25
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """Everything a launcher needs to run one scenario once."""
+
+    spec: Mapping[str, Any]  # written to job.json and read by perfsuite.worker
+    world_size: int
+    timeout_s: float
+    workdir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def spec_path(self) -> Path:
+        return self.workdir / "job.json"
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.workdir / "reports"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.workdir / "logs"
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    message: str
+    stderr_tail: str
+    phase: str = ""
+
+    def describe(self) -> str:
+        where = f" during {self.phase}" if self.phase else ""
+        return f"rank {self.rank}{where}: {self.message}\n--- rank {self.rank} stderr (tail) ---\n{self.stderr_tail}"
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    status: Status
+    reports: Sequence[Mapping[str, Any]]  # successful per-rank reports, rank order
+    failure: RankFailure | None = None
+    skip_reason: str = ""
+    wall_s: float = 0.0
+
+
+class Launcher(ABC):
+    """Starts ``job.world_size`` workers running ``python -m perfsuite.worker``."""
+
+    name: str
+
+    @abstractmethod
+    def run(self, job: WorkerJob) -> LaunchOutcome:
+        """Run the job to completion or timeout; leave no process behind."""
+
+
+def read_reports(job: WorkerJob) -> dict[int, dict[str, Any]]:
+    reports: dict[int, dict[str, Any]] = {}
+    for path in sorted(job.reports_dir.glob("rank*.json")):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # a rank killed mid-write: treated as missing
+        reports[int(report["rank"])] = report
+    return reports
+
+
+def read_phase(job: WorkerJob, rank: int) -> str:
+    path = job.reports_dir / f"rank{rank}.phase"
+    return path.read_text().strip() if path.exists() else "startup"
+
+
+def stderr_tail(job: WorkerJob, rank: int, local_rank: int | None = None) -> str:
+    """Last lines of a rank's stderr as torchrun redirected it."""
+    local = rank if local_rank is None else local_rank
+    files = sorted(job.logs_dir.glob(f"*/attempt_*/{local}/stderr.log"))
+    if not files:
+        return "(no stderr captured)"
+    lines = files[-1].read_text(errors="replace").splitlines()
+    return "\n".join(lines[-TAIL_LINES:]) or "(stderr empty)"
+
+
+def classify(job: WorkerJob, timed_out: bool, wall_s: float) -> LaunchOutcome:
+    """Decide ok / oom / timeout / crash / skipped from reports and stderr."""
+    reports = read_reports(job)
+    ranks = range(job.world_size)
+    skipped = [r for r in reports.values() if r["status"] == "skipped"]
+    if skipped:
+        return LaunchOutcome("skipped", [], skip_reason=skipped[0]["error"], wall_s=wall_s)
+    if not timed_out and all(reports.get(r, {}).get("status") == "ok" for r in ranks):
+        return LaunchOutcome("ok", [reports[r] for r in ranks], wall_s=wall_s)
+    if timed_out:
+        # The hung rank is the one that got least far; ranks blocked in a
+        # collective waiting for it are reported by the same phase listing.
+        missing = [r for r in ranks if r not in reports]
+        rank = min(missing or list(ranks), key=lambda r: _phase_order(read_phase(job, r)))
+        phases = ", ".join(f"rank {r}: {read_phase(job, r)}" for r in ranks)
+        message = f"no result within {job.timeout_s:.0f}s (last phases: {phases})"
+        failure = RankFailure(rank, message, stderr_tail(job, rank), read_phase(job, rank))
+        return LaunchOutcome("timeout", [], failure, wall_s=wall_s)
+    return _classify_failure(job, reports, wall_s)
+
+
+def _classify_failure(
+    job: WorkerJob, reports: Mapping[int, Mapping[str, Any]], wall_s: float
+) -> LaunchOutcome:
+    failed = [r for r in range(job.world_size) if reports.get(r, {}).get("status") != "ok"]
+    tails = {r: stderr_tail(job, r) for r in failed}
+    oom_ranks = [
+        r for r in failed
+        if reports.get(r, {}).get("status") == "oom" or OOM_PATTERNS.search(tails[r])
+    ]
+    # Prefer a rank that reported its own error over one torchrun killed afterwards.
+    reported = [r for r in failed if r in reports]
+    rank = (oom_ranks or reported or failed)[0]
+    message = reports.get(rank, {}).get("error") or "worker exited without a report"
+    failure = RankFailure(rank, message, tails[rank], read_phase(job, rank))
+    return LaunchOutcome("oom" if oom_ranks else "crash", [], failure, wall_s=wall_s)
+
+
+_PHASES = ("startup", "init", "build", "wrap", "warmup", "measure", "report", "done")
+
+
+def _phase_order(phase: str) -> int:
+    head = phase.split(" ", 1)[0]
+    return _PHASES.index(head) if head in _PHASES else 0

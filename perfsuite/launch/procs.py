@@ -1,0 +1,65 @@
+"""Process-tree cleanup for launched workers.
+
+torchrun starts every worker in a session of its own, so killing torchrun's
+process group would leave the workers (and any GPU memory they hold) behind.
+Each launch therefore tags its processes with a unique token in the environment
+and cleanup kills every process that carries it, plus the launcher's known
+descendants, even ones re-parented to init after their parent died.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+TOKEN_VAR = "PERFSUITE_RUN_TOKEN"
+GRACE_S = 5.0
+
+
+def tagged_processes(token: str, root_pid: int | None = None) -> list[psutil.Process]:
+    found: dict[int, psutil.Process] = {}
+    if root_pid is not None:
+        try:
+            root = psutil.Process(root_pid)
+            for proc in [root, *root.children(recursive=True)]:
+                found[proc.pid] = proc
+        except psutil.NoSuchProcess:
+            pass
+    for proc in psutil.process_iter():
+        if proc.pid in found or proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get(TOKEN_VAR) == token:
+                found[proc.pid] = proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return list(found.values())
+
+
+def kill_tagged(token: str, root_pid: int | None = None, grace_s: float = GRACE_S) -> int:
+    """SIGTERM every tagged process, SIGKILL what is left after ``grace_s``.
+
+    Returns how many processes had to be stopped.
+    """
+    procs = tagged_processes(token, root_pid)
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    # A process forked between the scan and the kills would survive: scan again.
+    late = tagged_processes(token)
+    for proc in late:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return len(procs) + len(late)

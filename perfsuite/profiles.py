@@ -1,0 +1,137 @@
+"""Hardware profiles: which device, backend, memory limits and default tolerances
+a run uses, and under which folder of ``baselines/`` its numbers live.
+
+The profile is picked from the machine fingerprint (``cpu`` without a GPU,
+``<gpu-model>-x<count>`` with one) and can be overridden with ``--perf-profile``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Literal
+
+from perfsuite.scenario import METRIC_DIRECTIONS
+
+
+class ProfileError(ValueError):
+    """An unknown or invalid profile was asked for."""
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """Settings shared by every scenario run on one kind of hardware."""
+
+    name: str
+    device: Literal["cpu", "cuda"]
+    #: Relative tolerance per metric when neither baseline nor scenario sets one.
+    tolerances: Mapping[str, float]
+    #: Default per-scenario wall-clock limit (``--perf-timeout`` overrides).
+    timeout_s: float = 900.0
+    #: cpu: per-rank memory budget (MiB above the rank's footprint after imports),
+    #: enforced with RLIMIT_DATA so an oversize scenario fails with a real
+    #: allocation error.
+    rank_memory_budget_mib: int | None = None
+    #: cuda: usable device memory per rank, to emulate a smaller card.
+    device_memory_cap_mib: int | None = None
+    #: Extra keys (besides name and device) looked up in Scenario.variants/expect.
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tolerances", MappingProxyType(dict(self.tolerances)))
+        unknown = set(self.tolerances) - set(METRIC_DIRECTIONS)
+        if unknown:
+            raise ProfileError(f"profile {self.name!r}: unknown tolerance metrics {sorted(unknown)}")
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device == "cuda" else "gloo"
+
+    @property
+    def variant_keys(self) -> tuple[str, ...]:
+        """Most specific first: the profile itself, its aliases, then the device kind."""
+        return (self.name, *self.aliases, self.device)
+
+
+# Throughput on a shared 2-core machine swings by tens of percent between runs
+# (other processes, turbo, page cache), so the cpu gate only catches large drops;
+# memory and model-state bytes are far steadier and are gated tightly.
+CPU_TOLERANCES: Mapping[str, float] = {
+    "samples_per_s": 0.40,
+    "peak_mem_mib": 0.15,
+    "model_state_bytes_per_rank": 0.01,
+}
+CUDA_TOLERANCES: Mapping[str, float] = {
+    "samples_per_s": 0.05,
+    "peak_mem_mib": 0.05,
+    "model_state_bytes_per_rank": 0.01,
+}
+
+CPU = HardwareProfile(
+    name="cpu",
+    device="cpu",
+    tolerances=CPU_TOLERANCES,
+    timeout_s=600.0,
+    rank_memory_budget_mib=2048,
+    description="any machine without a GPU: gloo, tiny shapes, 2 ranks, 2 GiB per rank",
+)
+CUDA_32GB = HardwareProfile(
+    name="cuda-32gb",
+    device="cuda",
+    tolerances=CUDA_TOLERANCES,
+    device_memory_cap_mib=32 * 1024,
+    description="any larger NVIDIA GPU capped to 32 GiB per rank, emulating the seed's V100-32GB",
+)
+
+BUILTIN_PROFILES: Mapping[str, HardwareProfile] = MappingProxyType(
+    {p.name: p for p in (CPU, CUDA_32GB)}
+)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def gpu_profile_name(gpu_name: str, count: int) -> str:
+    """``NVIDIA H100 80GB HBM3`` x1 -> ``nvidia-h100-80gb-hbm3-x1``."""
+    return f"{slug(gpu_name)}-x{count}"
+
+
+def gpu_profile(name: str) -> HardwareProfile:
+    """A profile for a GPU model seen in the fingerprint (no built-in entry needed)."""
+    return HardwareProfile(name=name, device="cuda", tolerances=CUDA_TOLERANCES)
+
+
+def profile_for(fingerprint: Mapping[str, Any]) -> str:
+    """Default profile name for a machine fingerprint."""
+    gpus = fingerprint.get("gpus") or []
+    if not gpus:
+        return CPU.name
+    return gpu_profile_name(gpus[0]["name"], len(gpus))
+
+
+@dataclass(frozen=True)
+class ProfileRegistry:
+    """Built-in profiles plus those plugins contribute via ``perfsuite_profiles``."""
+
+    profiles: Mapping[str, HardwareProfile] = field(default_factory=lambda: dict(BUILTIN_PROFILES))
+
+    def with_extra(self, extra: Iterable[HardwareProfile]) -> ProfileRegistry:
+        merged = dict(self.profiles)
+        for profile in extra:
+            merged[profile.name] = profile
+        return replace(self, profiles=merged)
+
+    def get(self, name: str, fingerprint: Mapping[str, Any]) -> HardwareProfile:
+        if name in self.profiles:
+            return self.profiles[name]
+        if name == profile_for(fingerprint) or (fingerprint.get("gpus") and name.startswith("nvidia-")):
+            return gpu_profile(name)
+        raise ProfileError(
+            f"unknown profile {name!r} for --perf-profile; known: "
+            f"{', '.join(sorted(self.profiles))} or a GPU profile like "
+            f"'{profile_for({'gpus': [{'name': 'NVIDIA H100 80GB HBM3'}]})}'"
+        )

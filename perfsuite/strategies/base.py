@@ -1,0 +1,127 @@
+"""The strategy interface: wrap model and optimizer, run one training step, and
+say which tensors make up this rank's model state."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from perfsuite.worker.memory import optimizer_state_tensors
+from perfsuite.worker.precision import Precision
+
+StateTensors = Mapping[str, Iterable[torch.Tensor | None]]
+
+
+class EngineUnavailable(Exception):
+    """This strategy cannot run here; the message is the precise skip reason."""
+
+
+def require(module: str, extra: str) -> ModuleType:
+    """Import an optional engine or explain which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise EngineUnavailable(
+            f"{module} is not installed ({exc}); install it with: pip install 'perfsuite[{extra}]'"
+        ) from None
+
+
+@dataclass(frozen=True)
+class StrategyContext:
+    device: torch.device
+    rank: int
+    world_size: int
+    precision: str
+    lr: float
+    grad_accum: int
+    options: Mapping[str, Any]
+
+
+class Strategy(ABC):
+    """One way of training a model across ranks."""
+
+    def __init__(self, ctx: StrategyContext) -> None:
+        self.ctx = ctx
+
+    @classmethod
+    def check(cls, ctx: StrategyContext) -> None:
+        """Raise :class:`EngineUnavailable` if this strategy cannot run here."""
+
+    @abstractmethod
+    def setup(self, model: nn.Module) -> None:
+        """Wrap the model (already on the device) and build the optimizer."""
+
+    @abstractmethod
+    def forward_backward(self, batch: Mapping[str, torch.Tensor], sync_grads: bool) -> torch.Tensor:
+        """Forward and backward of one micro-batch; ``sync_grads`` is False on
+        all but the last micro-batch of a gradient-accumulation step."""
+
+    @abstractmethod
+    def optimizer_step(self) -> None:
+        """Apply the accumulated gradients and clear them."""
+
+    @abstractmethod
+    def state_tensors(self) -> StateTensors:
+        """This rank's model state by category: params, grads, optimizer."""
+
+
+class TorchStrategy(Strategy):
+    """Plain PyTorch training with autocast AMP; subclasses change the wrapping
+    (:meth:`wrap`) or the optimizer (:meth:`make_optimizer`)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def setup(self, model: nn.Module) -> None:
+        self.precision = Precision(self.ctx.precision, self.ctx.device)
+        self.model = self.wrap(model)
+        self.optimizer = self.make_optimizer(self.model)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=self.ctx.lr)
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        no_sync = getattr(self.model, "no_sync", None)
+        return no_sync() if callable(no_sync) else contextlib.nullcontext()
+
+    def forward_backward(self, batch: Mapping[str, torch.Tensor], sync_grads: bool) -> torch.Tensor:
+        with contextlib.nullcontext() if sync_grads else self.no_sync():
+            with self.precision.autocast():
+                loss = self.model(**batch).loss / self.ctx.grad_accum
+            self.precision.backward(loss)
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
+        self.precision.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def state_tensors(self) -> StateTensors:
+        params = list(self.model.parameters())
+        return {
+            "params": params,
+            "grads": [p.grad for p in params],
+            "optimizer": list(optimizer_state_tensors(self.optimizer)),
+        }
+
+
+def load_strategy(name: str) -> type[Strategy]:
+    """``"ddp"`` -> perfsuite.strategies.ddp.STRATEGY; ``"pkg.mod:Cls"`` -> that class."""
+    if ":" in name:
+        module_name, attr = name.split(":", 1)
+    else:
+        module_name, attr = f"perfsuite.strategies.{name}", "STRATEGY"
+    cls = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise TypeError(f"strategy {name!r} does not name a perfsuite Strategy subclass")
+    return cls

@@ -1,0 +1,146 @@
+"""Memory measurement inside a rank.
+
+Two kinds of figure:
+
+* **peak memory** — noisy, allocator-dependent: on CUDA the caching allocator's
+  peaks plus the process's device memory as NVML sees it; on CPU the peak
+  resident set (VmHWM).
+* **model-state bytes** — exact: parameters, gradients and optimizer states this
+  rank holds, summed over the tensors' storages (each storage once, so flat
+  buffers that params view into are not double-counted).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+MIB = 2**20
+STATE_CATEGORIES = ("params", "grads", "optimizer")
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The shard a rank really holds (DTensor -> its local tensor)."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def count_state_bytes(groups: Mapping[str, Iterable[torch.Tensor | None]]) -> dict[str, int]:
+    """Bytes per category; a storage shared by two categories counts in the first."""
+    seen: set[tuple[str, int]] = set()
+    counts: dict[str, int] = {}
+    for category, tensors in groups.items():
+        total = 0
+        for tensor in tensors:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            storage = local_tensor(tensor).untyped_storage()
+            key = (str(tensor.device), storage.data_ptr())
+            if storage.nbytes() == 0 or key in seen:
+                continue
+            seen.add(key)
+            total += storage.nbytes()
+        counts[category] = total
+    counts["total"] = sum(counts[c] for c in groups)
+    return counts
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                yield value
+
+
+@dataclass
+class MemoryResult:
+    peak_mem_mib: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class MemoryTracker:
+    """Context manager around the training run; ``sample()`` once per step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.result = MemoryResult(0.0)
+
+    def __enter__(self) -> MemoryTracker:
+        return self
+
+    def sample(self) -> None:
+        """Take a point-in-time reading where the tracker needs one."""
+
+    def __exit__(self, *exc: object) -> None:
+        self.result = self.finish()
+
+    def finish(self) -> MemoryResult:
+        raise NotImplementedError
+
+    @staticmethod
+    def for_device(device: torch.device) -> MemoryTracker:
+        return CudaMemoryTracker(device) if device.type == "cuda" else CpuMemoryTracker(device)
+
+
+class CpuMemoryTracker(MemoryTracker):
+    def finish(self) -> MemoryResult:
+        peak = peak_rss_mib()
+        return MemoryResult(peak, {"peak_rss_mib": peak})
+
+
+def peak_rss_mib() -> float:
+    try:
+        with open(f"/proc/{os.getpid()}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return ru / MIB if sys.platform == "darwin" else ru / 1024  # macOS: bytes, Linux: KiB
+
+
+class CudaMemoryTracker(MemoryTracker):
+    """Allocator peaks plus the peak NVML-visible device memory of this process."""
+
+    def __enter__(self) -> CudaMemoryTracker:
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = self.device.index if self.device.index is not None else 0
+        self._nvml = pynvml
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
+        self._nvml_peak = 0
+        return self
+
+    def sample(self) -> None:
+        pid = os.getpid()
+        for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
+            if proc.pid == pid and proc.usedGpuMemory is not None:
+                self._nvml_peak = max(self._nvml_peak, proc.usedGpuMemory)
+
+    def finish(self) -> MemoryResult:
+        self.sample()
+        self._nvml.nvmlShutdown()
+        allocated = torch.cuda.max_memory_allocated(self.device) / MIB
+        reserved = torch.cuda.max_memory_reserved(self.device) / MIB
+        return MemoryResult(
+            allocated,
+            {
+                "max_allocated_mib": allocated,
+                "max_reserved_mib": reserved,
+                "nvml_process_peak_mib": self._nvml_peak / MIB,
+            },
+        )
+
+
+def _physical_index(logical: int) -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    parts = [p for p in visible.split(",") if p.strip().isdigit()]
+    return int(parts[logical]) if logical < len(parts) else logical
