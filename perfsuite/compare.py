@@ -24,6 +24,7 @@ Verdict = Literal[
     "no_baseline",
     "error",
     "skipped",
+    "recorded",
 ]
 FAILING: frozenset[str] = frozenset({"regression", "unexpected_oom", "unexpected_pass", "error"})
 

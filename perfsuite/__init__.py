@@ -1,0 +1,34 @@
+"""perfsuite: a pytest plugin that gates training speed and memory of
+distributed deep-learning stacks against per-hardware baselines.
+
+Declare scenarios as data and test them with the ``perf`` fixture::
+
+    from perfsuite import ModelSpec, Scenario, parametrize
+
+    SCENARIOS = [Scenario("my_group", "fp32", ModelSpec("bert", 12, 768, 12), ...)]
+
+    @parametrize(SCENARIOS)
+    def test_my_group(perf, scenario):
+        perf.check(scenario)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from perfsuite.profiles import HardwareProfile
+from perfsuite.scenario import ModelSpec, Scenario, ScenarioError
+
+__all__ = ["HardwareProfile", "ModelSpec", "Scenario", "ScenarioError", "parametrize"]
+
+
+def parametrize(scenarios: Sequence[Scenario]) -> Any:
+    """``pytest.mark.parametrize("scenario", ...)`` with each scenario's id as test id."""
+    import pytest
+
+    ids = [s.id for s in scenarios]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ScenarioError(f"duplicate scenario ids {duplicates}: ids are baseline keys and must be unique")
+    return pytest.mark.parametrize("scenario", list(scenarios), ids=ids)

@@ -1,0 +1,47 @@
+"""Hooks other plugins (or a ``conftest.py``) implement to extend perfsuite.
+
+Each hook is a pytest hook: define a function of the same name in a conftest or
+plugin module. Implementations run in the pytest process, never in workers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from perfsuite.compare import MetricCheck
+    from perfsuite.profiles import HardwareProfile
+    from perfsuite.session import ScenarioResult
+
+hookspec = pytest.hookspec
+
+
+@hookspec
+def perfsuite_profiles() -> list[HardwareProfile]:
+    """Return extra hardware profiles (e.g. a runner-specific memory cap).
+
+    Profiles returned here can be chosen with ``--perf-profile`` or by
+    :func:`perfsuite_hardware_key`; a name equal to a built-in replaces it.
+    """
+
+
+@hookspec(firstresult=True)
+def perfsuite_hardware_key(fingerprint: dict[str, Any]) -> str | None:
+    """Return the profile name for this machine, or None for the default
+    (``cpu`` without GPUs, ``<gpu-model>-x<count>`` with them). Use it to share
+    baselines across runners that perfsuite would name differently."""
+
+
+@hookspec(firstresult=True)
+def perfsuite_compare_metric(check: MetricCheck) -> MetricCheck | None:
+    """Judge one metric against its baseline: return ``check`` with ``outcome``
+    set to ``pass``/``regression``/``improved``, or None for the default
+    relative-tolerance rule."""
+
+
+@hookspec
+def perfsuite_extra_metrics(result: ScenarioResult) -> dict[str, Any] | None:
+    """Return extra metrics for a finished scenario; they are stored under
+    ``metrics.extra`` in the results file (not gated)."""

@@ -1,0 +1,202 @@
+"""pytest integration: options, the ``perf`` fixture, the summary and the results file.
+
+Loaded through the ``pytest11`` entry point. Every scenario is its own test: the
+verdict fails, skips or passes *that* test, never a session hook.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfsuite import hookspecs
+from perfsuite.baselines import BaselineError
+from perfsuite.compare import FAILING, MetricCheck, check_metric
+from perfsuite.fingerprint import machine_fingerprint
+from perfsuite.launch.local import LocalTorchrun
+from perfsuite.profiles import HardwareProfile, ProfileError, ProfileRegistry, profile_for
+from perfsuite.report import results_document, summary_lines, write_results
+from perfsuite.scenario import Scenario
+from perfsuite.session import PerfSession, RunSettings, ScenarioResult
+
+SESSION_KEY = pytest.StashKey["PerfSession"]()
+PROFILE_KEY = pytest.StashKey[HardwareProfile]()
+FINGERPRINT_KEY = pytest.StashKey[dict]()
+
+
+class StaleBaselineWarning(UserWarning):
+    """A scenario beat its baseline by more than the tolerance."""
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("perfsuite", "perfsuite: training speed and memory gate")
+    group.addoption(
+        "--perf-profile",
+        metavar="NAME",
+        help="hardware profile (baselines/<NAME>/); default: detected from the machine "
+        "('cpu' without GPUs, e.g. 'nvidia-h100-80gb-hbm3-x1' with them; 'cuda-32gb' "
+        "caps each GPU to 32 GiB)",
+    )
+    group.addoption(
+        "--perf-baselines",
+        metavar="DIR",
+        help="baselines folder (default: <rootdir>/baselines)",
+    )
+    group.addoption(
+        "--perf-update-baselines",
+        action="store_true",
+        help="record the measured outcome of every scenario that runs as its new "
+        "baseline (keeps hand-set tolerances and notes)",
+    )
+    group.addoption("--perf-json", metavar="PATH", help="write the results file to PATH")
+    group.addoption(
+        "--perf-timeout",
+        metavar="SECONDS",
+        type=float,
+        help="wall-clock limit per scenario run (default: scenario's, else profile's)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "perfsuite: a perfsuite benchmark scenario")
+    timeout = config.getoption("--perf-timeout")
+    if timeout is not None and timeout <= 0:
+        raise pytest.UsageError(f"--perf-timeout must be a positive number of seconds, got {timeout}")
+    if config.getoption("--perf-profile"):
+        _profile(config)  # fail fast on an unknown profile name
+
+
+def _fingerprint(config: pytest.Config) -> dict[str, Any]:
+    if FINGERPRINT_KEY not in config.stash:
+        config.stash[FINGERPRINT_KEY] = machine_fingerprint()
+    return config.stash[FINGERPRINT_KEY]
+
+
+def _profile(config: pytest.Config) -> HardwareProfile:
+    if PROFILE_KEY in config.stash:
+        return config.stash[PROFILE_KEY]
+    fingerprint = _fingerprint(config)
+    registry = ProfileRegistry()
+    for extra in config.hook.perfsuite_profiles():
+        registry = registry.with_extra(extra or [])
+    name = (
+        config.getoption("--perf-profile")
+        or config.hook.perfsuite_hardware_key(fingerprint=fingerprint)
+        or profile_for(fingerprint)
+    )
+    try:
+        profile = registry.get(name, fingerprint)
+    except ProfileError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[PROFILE_KEY] = profile
+    return profile
+
+
+def _compare(config: pytest.Config) -> Any:
+    def compare(check: MetricCheck) -> MetricCheck:
+        custom = config.hook.perfsuite_compare_metric(check=check)
+        return custom if custom is not None else check_metric(check)
+
+    return compare
+
+
+def _worker_env(config: pytest.Config) -> dict[str, str]:
+    # Workers import scenario-supplied strategy modules from the project, as the
+    # pytest process can: put rootdir and the invocation dir on their path.
+    paths = [str(config.rootpath), str(config.invocation_params.dir)]
+    existing = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join([*paths, *([existing] if existing else [])])}
+
+
+@pytest.fixture(scope="session")
+def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> PerfSession:
+    """The run's PerfSession (profile, baselines, results so far)."""
+    config = request.config
+    if SESSION_KEY not in config.stash:
+        baselines = config.getoption("--perf-baselines")
+        settings = RunSettings(
+            profile=_profile(config),
+            baselines_dir=Path(baselines) if baselines else config.rootpath / "baselines",
+            update_baselines=config.getoption("--perf-update-baselines"),
+            timeout_s=config.getoption("--perf-timeout"),
+            workdir=tmp_path_factory.mktemp("perfsuite"),
+            worker_env=_worker_env(config),
+        )
+        config.stash[SESSION_KEY] = PerfSession(
+            settings, _fingerprint(config), LocalTorchrun(), _compare(config)
+        )
+    return config.stash[SESSION_KEY]
+
+
+class Perf:
+    """What a benchmark test uses: ``perf.check(scenario)``."""
+
+    def __init__(self, session: PerfSession, request: pytest.FixtureRequest) -> None:
+        self.session = session
+        self.request = request
+
+    def run(self, scenario: Scenario) -> ScenarioResult:
+        """Run and judge ``scenario`` without deciding the test's outcome."""
+        try:
+            result = self.session.run(scenario)
+        except BaselineError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        if not result.extra_metrics:
+            for extra in self.request.config.hook.perfsuite_extra_metrics(result=result):
+                result.extra_metrics.update(extra or {})
+        return result
+
+    def check(self, scenario: Scenario) -> ScenarioResult:
+        """Run ``scenario`` and pass, fail or skip this test by its verdict."""
+        result = self.run(scenario)
+        verdict, message = result.verdict, result.judgement.message
+        if result.judgement.stack_changes:
+            message += "\nstack changed since the baseline: " + "; ".join(result.judgement.stack_changes)
+        if verdict in FAILING:
+            pytest.fail(f"{scenario.id}: {verdict}: {message}", pytrace=False)
+        if verdict == "skipped":
+            pytest.skip(f"{scenario.id}: {message}")
+        if verdict == "no_baseline":
+            path = self.session.store.path(scenario.group)
+            pytest.skip(
+                f"{scenario.id}: no baseline in {path}; record one with: "
+                f"pytest '{self.request.node.nodeid}' --perf-update-baselines"
+            )
+        if verdict == "improved":
+            warnings.warn(StaleBaselineWarning(f"{scenario.id}: {message}"), stacklevel=2)
+        return result
+
+
+@pytest.fixture
+def perf(perf_session: PerfSession, request: pytest.FixtureRequest) -> Perf:
+    """Run perfsuite scenarios from a test: ``perf.check(scenario)``."""
+    return Perf(perf_session, request)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None or not session.results:
+        return
+    terminalreporter.write_sep("-", f"perfsuite summary (profile {session.profile.name})")
+    for line in summary_lines(session.results.values()):
+        terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    path = config.getoption("--perf-json")
+    perf = config.stash.get(SESSION_KEY, None)
+    if not path:
+        return
+    fingerprint = perf.current_fingerprint() if perf else _fingerprint(config)
+    results = list(perf.results.values()) if perf else []
+    profile = perf.profile.name if perf else ""
+    write_results(Path(path), results_document(fingerprint, profile, results))
