@@ -19,29 +19,29 @@ hookspec = pytest.hookspec
 
 
 @hookspec
-def perfsuite_profiles() -> list[HardwareProfile]:
+def pytest_perfsuite_profiles() -> list[HardwareProfile]:
     """Return extra hardware profiles (e.g. a runner-specific memory cap).
 
     Profiles returned here can be chosen with ``--perf-profile`` or by
-    :func:`perfsuite_hardware_key`; a name equal to a built-in replaces it.
+    :func:`pytest_perfsuite_hardware_key`; a name equal to a built-in replaces it.
     """
 
 
 @hookspec(firstresult=True)
-def perfsuite_hardware_key(fingerprint: dict[str, Any]) -> str | None:
+def pytest_perfsuite_hardware_key(fingerprint: dict[str, Any]) -> str | None:
     """Return the profile name for this machine, or None for the default
     (``cpu`` without GPUs, ``<gpu-model>-x<count>`` with them). Use it to share
     baselines across runners that perfsuite would name differently."""
 
 
 @hookspec(firstresult=True)
-def perfsuite_compare_metric(check: MetricCheck) -> MetricCheck | None:
+def pytest_perfsuite_compare_metric(check: MetricCheck) -> MetricCheck | None:
     """Judge one metric against its baseline: return ``check`` with ``outcome``
     set to ``pass``/``regression``/``improved``, or None for the default
     relative-tolerance rule."""
 
 
 @hookspec
-def perfsuite_extra_metrics(result: ScenarioResult) -> dict[str, Any] | None:
+def pytest_perfsuite_extra_metrics(result: ScenarioResult) -> dict[str, Any] | None:
     """Return extra metrics for a finished scenario; they are stored under
     ``metrics.extra`` in the results file (not gated)."""

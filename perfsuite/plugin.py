@@ -85,11 +85,11 @@ def _profile(config: pytest.Config) -> HardwareProfile:
         return config.stash[PROFILE_KEY]
     fingerprint = _fingerprint(config)
     registry = ProfileRegistry()
-    for extra in config.hook.perfsuite_profiles():
+    for extra in config.hook.pytest_perfsuite_profiles():
         registry = registry.with_extra(extra or [])
     name = (
         config.getoption("--perf-profile")
-        or config.hook.perfsuite_hardware_key(fingerprint=fingerprint)
+        or config.hook.pytest_perfsuite_hardware_key(fingerprint=fingerprint)
         or profile_for(fingerprint)
     )
     try:
@@ -102,7 +102,7 @@ def _profile(config: pytest.Config) -> HardwareProfile:
 
 def _compare(config: pytest.Config) -> Any:
     def compare(check: MetricCheck) -> MetricCheck:
-        custom = config.hook.perfsuite_compare_metric(check=check)
+        custom = config.hook.pytest_perfsuite_compare_metric(check=check)
         return custom if custom is not None else check_metric(check)
 
     return compare
@@ -150,7 +150,7 @@ class Perf:
         except BaselineError as exc:
             pytest.fail(str(exc), pytrace=False)
         if not result.extra_metrics:
-            for extra in self.request.config.hook.perfsuite_extra_metrics(result=result):
+            for extra in self.request.config.hook.pytest_perfsuite_extra_metrics(result=result):
                 result.extra_metrics.update(extra or {})
         return result
 

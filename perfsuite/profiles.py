@@ -115,7 +115,7 @@ def profile_for(fingerprint: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class ProfileRegistry:
-    """Built-in profiles plus those plugins contribute via ``perfsuite_profiles``."""
+    """Built-in profiles plus those plugins contribute via ``pytest_perfsuite_profiles``."""
 
     profiles: Mapping[str, HardwareProfile] = field(default_factory=lambda: dict(BUILTIN_PROFILES))
 

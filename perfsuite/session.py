@@ -113,6 +113,8 @@ class PerfSession:
         if skip:
             return ScenarioResult(scenario, "skipped", Judgement("skipped", skip), baseline=baseline)
         outcome = self.launcher.run(self._job(scenario))
+        if outcome.reports:
+            self.runtime = outcome.reports[0].get("runtime") or self.runtime
         metrics = None
         if outcome.status == "ok":
             metrics = aggregate(outcome.reports, scenario.global_batch, scenario.seq_len)
@@ -162,12 +164,10 @@ class PerfSession:
             return decided or Judgement("error", "no metrics")
         tolerances = resolve_tolerances(self.profile.tolerances, scenario.tolerances, baseline)
         judgement = judge_metrics(metrics, baseline, tolerances, self.compare)
-        changes = tuple(stack_changes(dict(baseline.fingerprint), self.current_fingerprint(outcome)))
+        changes = tuple(stack_changes(dict(baseline.fingerprint), self.current_fingerprint()))
         return Judgement(judgement.verdict, judgement.message, judgement.checks, changes)
 
-    def current_fingerprint(self, outcome: LaunchOutcome | None = None) -> dict[str, Any]:
-        if outcome and outcome.reports:
-            self.runtime = outcome.reports[0].get("runtime") or self.runtime
+    def current_fingerprint(self) -> dict[str, Any]:
         return {**self.fingerprint, "runtime": self.runtime}
 
     def _record(self, scenario: Scenario, result: ScenarioResult) -> Judgement:
@@ -184,7 +184,7 @@ class PerfSession:
             scenario.id,
             result.status,
             metrics,
-            self.current_fingerprint(result.launch),
+            self.current_fingerprint(),
         )
         result.baseline = entry
         return Judgement(

@@ -9,6 +9,7 @@ allocator (``std::bad_alloc``, SIGKILL) never writes its report.
 from __future__ import annotations
 
 import json
+import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -118,10 +119,7 @@ def classify(job: WorkerJob, timed_out: bool, wall_s: float) -> LaunchOutcome:
     if not timed_out and all(reports.get(r, {}).get("status") == "ok" for r in ranks):
         return LaunchOutcome("ok", [reports[r] for r in ranks], wall_s=wall_s)
     if timed_out:
-        # The hung rank is the one that got least far; ranks blocked in a
-        # collective waiting for it are reported by the same phase listing.
-        missing = [r for r in ranks if r not in reports]
-        rank = min(missing or list(ranks), key=lambda r: _phase_order(read_phase(job, r)))
+        rank = hung_rank(job, [r for r in ranks if r not in reports] or list(ranks))
         phases = ", ".join(f"rank {r}: {read_phase(job, r)}" for r in ranks)
         message = f"no result within {job.timeout_s:.0f}s (last phases: {phases})"
         failure = RankFailure(rank, message, stderr_tail(job, rank), read_phase(job, rank))
@@ -147,6 +145,36 @@ def _classify_failure(
 
 
 _PHASES = ("startup", "init", "build", "wrap", "warmup", "measure", "report", "done")
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line \d+ in (?P<func>\S+)')
+
+
+def innermost_frame(stderr: str) -> str | None:
+    """File of the innermost frame of the last stack dump's main-thread block.
+
+    faulthandler prints each thread as a block of frames, innermost first; the
+    main thread is the block that runs perfsuite's worker loop.
+    """
+    blocks = re.split(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$", stderr, flags=re.M)
+    for block in reversed(blocks[1:]):
+        frames = [m.group("file") for line in block.splitlines() if (m := _FRAME.match(line))]
+        if any("perfsuite/worker" in f for f in frames):
+            return frames[0]
+    return None
+
+
+def hung_rank(job: WorkerJob, candidates: Sequence[int]) -> int:
+    """Which rank hung: one stuck outside torch (the rest wait in collectives),
+    else the one that got least far."""
+    for rank in candidates:
+        frame = innermost_frame(_full_stderr(job, rank))
+        if frame is not None and f"{os.sep}torch{os.sep}" not in frame:
+            return rank
+    return min(candidates, key=lambda r: _phase_order(read_phase(job, r)))
+
+
+def _full_stderr(job: WorkerJob, rank: int) -> str:
+    files = sorted(job.logs_dir.glob(f"*/attempt_*/{rank}/stderr.log"))
+    return files[-1].read_text(errors="replace") if files else ""
 
 
 def _phase_order(phase: str) -> int:

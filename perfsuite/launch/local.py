@@ -11,7 +11,7 @@ import time
 import uuid
 
 from perfsuite.launch.base import Launcher, LaunchOutcome, WorkerJob, classify
-from perfsuite.launch.procs import TOKEN_VAR, kill_tagged
+from perfsuite.launch.procs import TOKEN_VAR, dump_worker_stacks, kill_tagged
 
 
 def free_port() -> int:
@@ -58,6 +58,7 @@ class LocalTorchrun(Launcher):
                 proc.wait(timeout=job.timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
+                dump_worker_stacks(token)
             finally:
                 # Always sweep: even a clean exit may leave a daemonised helper.
                 kill_tagged(token, proc.pid)

@@ -10,6 +10,8 @@ descendants, even ones re-parented to init after their parent died.
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import psutil
 
@@ -63,3 +65,21 @@ def kill_tagged(token: str, root_pid: int | None = None, grace_s: float = GRACE_
         except psutil.NoSuchProcess:
             pass
     return len(procs) + len(late)
+
+
+def dump_worker_stacks(token: str, settle_s: float = 2.0) -> None:
+    """Ask every tagged rank (not the torchrun agent) to print its Python stacks.
+
+    Workers register ``faulthandler`` for SIGUSR1; the agent has no RANK and is
+    left alone, since SIGUSR1 would kill it before it can be swept cleanly.
+    """
+    sent = False
+    for proc in tagged_processes(token):
+        try:
+            if "RANK" in proc.environ():
+                proc.send_signal(signal.SIGUSR1)
+                sent = True
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    if sent:
+        time.sleep(settle_s)  # faulthandler writes synchronously; leave time to flush

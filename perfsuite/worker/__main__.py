@@ -7,8 +7,10 @@ when torchrun only reports an exit code.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -29,6 +31,7 @@ from perfsuite.worker.runtime import (
     runtime_fingerprint,
 )
 
+STACK_DUMP_SIGNAL = signal.SIGUSR1
 BATCH_POOL = 2  # distinct synthetic batches cycled through, built before timing
 
 
@@ -75,6 +78,10 @@ def run(job: dict[str, Any], ctx: WorkerContext, reporter: Reporter) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # On timeout the launcher sends this signal to get every rank's Python stack
+    # into its stderr before killing it: that is how a hung rank is told apart
+    # from the ranks waiting for it in a collective.
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
     job = json.loads(Path(argv[0]).read_text())
     ctx = WorkerContext.from_env(job["run"]["device"])
     reporter = Reporter(Path(job["run"]["reports_dir"]), ctx.rank)
@@ -91,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         report = {"status": status, "error": f"{type(exc).__name__}: {exc}"[:2000]}
         code = 1
     reporter.write(report)
-    reporter.phase("done")
-    if dist.is_initialized() and code == 0:
-        dist.destroy_process_group()
+    if code == 0:  # on failure the phase file keeps where the rank failed
+        reporter.phase("done")
+        if dist.is_initialized():
+            dist.destroy_process_group()
     return code
 
 

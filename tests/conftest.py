@@ -1,0 +1,52 @@
+"""Shared helpers: pytester projects that use the real plugin with 2 gloo ranks."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest_plugins = ["pytester"]
+
+#: A BERT small enough that a 2-rank torchrun run takes a few seconds on 2 cores.
+TINY = 'ModelSpec("bert", layers=1, hidden=32, heads=2, vocab=512, max_positions=32)'
+TINY_SHAPE = "world_size=2, micro_batch=2, global_batch=4, seq_len=16, warmup_steps=1, steps=3"
+
+
+def bench_module(scenarios: str, imports: str = "") -> str:
+    """Source of a benchmark module declaring ``scenarios`` (Python list body)."""
+    return textwrap.dedent(
+        f"""
+        from perfsuite import ModelSpec, Scenario, parametrize
+        {imports}
+        TINY = {TINY}
+        SCENARIOS = [
+        {scenarios}
+        ]
+
+        @parametrize(SCENARIOS)
+        def test_bench(perf, scenario):
+            perf.check(scenario)
+        """
+    )
+
+
+def leftover_workers(marker: Path) -> list[psutil.Process]:
+    """Live processes whose command line mentions ``marker`` (a test's tmp dir)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(marker) in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A pytester dir with an empty baselines folder and a one-scenario module."""
+    pytester.mkdir("baselines")
+    return pytester

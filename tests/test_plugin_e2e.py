@@ -1,0 +1,195 @@
+"""The real plugin in a subprocess (pytester), real torchrun workers, 2 gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+
+import pytest
+
+from conftest import TINY_SHAPE, bench_module, leftover_workers
+
+# A 3-step run of a tiny model swings widely in throughput on a busy 2-core
+# machine; the tolerance is loose so only a planted 10x drop must fail.
+ONE = f'Scenario("tiny", "fp32", TINY, {TINY_SHAPE}, tolerances={{"samples_per_s": 0.8}}),'
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", *args)
+
+
+def baseline_path(pytester: pytest.Pytester, group: str = "tiny"):
+    return pytester.path / "baselines" / "cpu" / f"{group}.json"
+
+
+def test_no_baseline_skips_with_the_record_command(project: pytest.Pytester) -> None:
+    project.makepyfile(test_bench=bench_module(ONE))
+    result = run(project)
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*no baseline in*tiny.json*--perf-update-baselines*"])
+
+
+def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester) -> None:
+    project.makepyfile(test_bench=bench_module(ONE))
+    run(project, "--perf-update-baselines").assert_outcomes(passed=1)
+    path = baseline_path(project)
+    recorded = path.read_bytes()
+
+    rerun = run(project, f"--perf-json={project.path / 'r.json'}")
+    rerun.assert_outcomes(passed=1)
+    assert path.read_bytes() == recorded, "a normal run must never rewrite baselines"
+    rerun.stdout.fnmatch_lines(["*perfsuite summary (profile cpu)*", "tiny.fp32*ok*pass*"])
+
+    doc = json.loads(recorded)
+    doc["scenarios"]["tiny.fp32"]["metrics"]["samples_per_s"]["mean"] *= 10
+    path.write_text(json.dumps(doc))
+    doctored = run(project)
+    doctored.assert_outcomes(failed=1)
+    doctored.stdout.fnmatch_lines(["*tiny.fp32: regression: samples_per_s*vs baseline*higher is better*"])
+
+
+def test_results_file_follows_the_contract(project: pytest.Pytester) -> None:
+    project.makepyfile(test_bench=bench_module(ONE))
+    out = project.path / "results.json"
+    run(project, f"--perf-json={out}").assert_outcomes(skipped=1)
+    doc = json.loads(out.read_text())
+    assert {"machine", "results"} <= set(doc)
+    (result,) = doc["results"]
+    assert {"id", "group", "status", "config", "metrics", "baseline", "verdict"} <= set(result)
+    assert result["status"] == "ok" and result["verdict"] == "no_baseline" and result["baseline"] is None
+    config = result["config"]
+    for key in ("model", "precision", "strategy", "world_size", "micro_batch", "global_batch", "seq_len", "steps"):
+        assert key in config
+    metrics = result["metrics"]
+    assert set(metrics["samples_per_s"]) == {"mean", "std", "n"} and metrics["samples_per_s"]["n"] == 3
+    assert set(metrics["step_time_s"]) == {"median", "p90"}
+    assert metrics["tokens_per_s"] == pytest.approx(metrics["samples_per_s"]["mean"] * 16)
+    assert metrics["peak_mem_mib"] > 0 and metrics["model_state_bytes_per_rank"] > 0
+    assert doc["machine"]["runtime"]["torch"]
+
+
+OOM_CONFTEST = """
+from perfsuite.profiles import CPU_TOLERANCES, HardwareProfile
+
+def pytest_perfsuite_profiles():
+    # 256 MiB per rank above the imported libraries: the tiny BERT fits, a
+    # 28M-parameter one (450 MiB of weights, grads and Adam states) cannot.
+    return [HardwareProfile("cpu-256m", "cpu", CPU_TOLERANCES, rank_memory_budget_mib=256, aliases=("cpu",))]
+"""
+BIG = 'ModelSpec("bert", layers=4, hidden=512, heads=8, vocab=30522, max_positions=32)'
+
+
+def test_expected_oom_passes_and_unexpected_outcomes_fail(project: pytest.Pytester) -> None:
+    project.makeconftest(OOM_CONFTEST)
+    project.makepyfile(
+        test_bench=bench_module(
+            f"""
+            Scenario("mem", "big-expected", {BIG}, {TINY_SHAPE}, expect={{"cpu": "oom"}}),
+            Scenario("mem", "big-unexpected", {BIG}, {TINY_SHAPE}),
+            Scenario("mem", "tiny-expected", TINY, {TINY_SHAPE}, expect={{"cpu": "oom"}}),
+            """
+        )
+    )
+    result = run(project, "--perf-profile=cpu-256m")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(["PASSED*mem.big-expected*"])
+    result.stdout.fnmatch_lines(["mem.big-unexpected: unexpected_oom: ran out of memory*"])
+    result.stdout.fnmatch_lines(["mem.tiny-expected: unexpected_pass:*--perf-update-baselines*"])
+    # Both big runs really ran out of memory in a rank (status oom), the tiny one trained.
+    result.stdout.fnmatch_lines(["mem.big-expected*oom*expected_oom*", "mem.big-unexpected*oom*unexpected_oom*"])
+
+
+FAULTS = '''
+import os, sys, time
+from perfsuite.strategies.ddp import DDPStrategy
+
+class Crash(DDPStrategy):
+    def setup(self, model):
+        super().setup(model)
+        if self.ctx.rank == 1:
+            raise RuntimeError("planted failure on rank 1")
+
+class Hang(DDPStrategy):
+    def forward_backward(self, batch, sync_grads):
+        if self.ctx.rank == 1:
+            print("rank 1 about to hang", file=sys.stderr, flush=True)
+            time.sleep(3600)
+        return super().forward_backward(batch, sync_grads)
+'''
+
+
+@pytest.mark.parametrize(
+    ("strategy", "timeout", "expected"),
+    [
+        ("faults:Crash", 120, ["*tiny.fault: error: workers crash: rank 1 during wrap*planted failure on rank 1*"]),
+        ("faults:Hang", 25, ["*tiny.fault: error: workers timeout: rank 1 during warmup step 0*",
+                             '*File "*faults.py", line * in forward_backward*'])
+    ],
+)
+def test_failed_worker_is_reported_with_rank_and_leaves_nothing_behind(
+    project: pytest.Pytester, strategy: str, timeout: int, expected: list[str]
+) -> None:
+    project.makepyfile(faults=FAULTS)
+    project.makepyfile(test_bench=bench_module(f'Scenario("tiny", "fault", TINY, {TINY_SHAPE}, strategy="{strategy}"),'))
+    start = time.monotonic()
+    result = run(project, f"--perf-timeout={timeout}")
+    elapsed = time.monotonic() - start
+    result.assert_outcomes(failed=1)
+    for line in expected:
+        result.stdout.fnmatch_lines([line])
+    result.stdout.fnmatch_lines(["*--- rank 1 stderr (tail) ---*"])
+    assert elapsed < timeout + 30, f"took {elapsed:.0f}s with a {timeout}s timeout"
+    assert leftover_workers(project.path) == []
+
+
+def test_corrupt_baseline_is_a_clear_error_and_stays_byte_identical(project: pytest.Pytester) -> None:
+    project.makepyfile(test_bench=bench_module(ONE))
+    path = baseline_path(project)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'{"schema_version": 1, "scenarios": {"tiny.fp32": ')
+    for extra in ((), ("--perf-update-baselines",)):
+        result = run(project, *extra)
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines([f"*baseline file {path}: content is not valid JSON*"])
+        assert path.read_bytes() == b'{"schema_version": 1, "scenarios": {"tiny.fp32": '
+
+
+def test_bad_scenario_fails_collection_naming_the_field(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_bench=bench_module(f'Scenario("tiny", "bad", TINY, {TINY_SHAPE}, precision="fp8"),'))
+    result = run(pytester)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*scenario 'tiny.bad': field 'precision' must be one of fp32, fp16, bf16*"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [("--perf-profile=warp-drive", "*unknown profile 'warp-drive' for --perf-profile*"),
+     ("--perf-timeout=-3", "*--perf-timeout must be a positive number*")],
+)
+def test_bad_flag_is_a_usage_error(pytester: pytest.Pytester, flag: str, message: str) -> None:
+    pytester.makepyfile(test_bench=bench_module(ONE))
+    result = run(pytester, flag)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_hooks_choose_profile_and_add_metrics(project: pytest.Pytester) -> None:
+    project.makeconftest(textwrap.dedent('''
+        from perfsuite.profiles import CPU
+        import dataclasses
+
+        def pytest_perfsuite_profiles():
+            return [dataclasses.replace(CPU, name="lab-box", aliases=("cpu",))]
+
+        def pytest_perfsuite_hardware_key(fingerprint):
+            return "lab-box"
+
+        def pytest_perfsuite_extra_metrics(result):
+            return {"loss_last": result.metrics.step_times_s[-1] > 0}
+    '''))
+    project.makepyfile(test_bench=bench_module(ONE))
+    out = project.path / "r.json"
+    run(project, "--perf-update-baselines", f"--perf-json={out}").assert_outcomes(passed=1)
+    assert (project.path / "baselines" / "lab-box" / "tiny.json").exists()
+    assert json.loads(out.read_text())["results"][0]["metrics"]["extra"] == {"loss_last": True}

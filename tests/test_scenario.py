@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import pytest
+
+from perfsuite import ModelSpec, Scenario, ScenarioError, parametrize
+
+TINY = ModelSpec("bert", layers=1, hidden=32, heads=2, vocab=512, max_positions=64)
+
+
+def make(**overrides: object) -> Scenario:
+    fields = dict(group="g", name="n", model=TINY, world_size=2, micro_batch=2, global_batch=4, seq_len=16)
+    fields.update(overrides)
+    return Scenario(**fields)  # type: ignore[arg-type]
+
+
+def test_id_is_group_dot_name_and_survives_resolution() -> None:
+    scenario = make(variants={"cpu": {"micro_batch": 1, "global_batch": 2}})
+    resolved = scenario.resolve(("cpu-x", "cpu"))
+    assert scenario.id == resolved.id == "g.n"
+    assert resolved.micro_batch == 1 and resolved.variants == {}
+
+
+def test_profile_name_beats_device_kind() -> None:
+    scenario = make(variants={"cpu": {"steps": 4}, "special": {"steps": 7}})
+    assert scenario.resolve(("special", "cpu")).steps == 7
+    assert scenario.resolve(("other", "cpu")).steps == 4
+    assert scenario.resolve(("other", "cuda")).steps == 10
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"micro_batch": 0}, "micro_batch"),
+        ({"global_batch": 5}, "global_batch"),
+        ({"precision": "fp8"}, "precision"),
+        ({"strategy": "no_such_engine"}, "strategy"),
+        ({"seq_len": 1000}, "seq_len"),
+        ({"steps": 1}, "steps"),
+        ({"tolerances": {"samples_per_s": 1.5}}, "tolerances"),
+        ({"tolerances": {"latency": 0.1}}, "tolerances"),
+        ({"expect": {"cpu": "maybe"}}, "expect"),
+        ({"name": "Bad Name"}, "name"),
+        ({"variants": {"cpu": {"colour": 1}}}, "variants['cpu']"),
+        ({"variants": {"cpu": {"global_batch": 3}}}, "global_batch"),
+    ],
+)
+def test_bad_field_is_named(overrides: dict[str, object], field: str) -> None:
+    with pytest.raises(ScenarioError, match=f"field '{field}'" if "[" not in field else "variants"):
+        make(**overrides)
+
+
+def test_model_heads_must_divide_hidden() -> None:
+    with pytest.raises(ScenarioError, match="field 'heads'"):
+        ModelSpec("bert", layers=1, hidden=30, heads=4)
+
+
+def test_grad_accum_and_config() -> None:
+    scenario = make(global_batch=8)
+    assert scenario.grad_accum == 2
+    config = scenario.to_config()
+    assert config["grad_accum"] == 2 and config["model"]["hidden"] == 32
+
+
+def test_expected_outcome_lookup() -> None:
+    scenario = make(expect={"cpu": "oom"})
+    assert scenario.expected_outcome(("cpu",)) == "oom"
+    assert scenario.expected_outcome(("h100", "cuda")) == "ok"
+
+
+def test_parametrize_rejects_duplicate_ids() -> None:
+    with pytest.raises(ScenarioError, match="duplicate"):
+        parametrize([make(), make()])
+
+
+def test_spec_is_frozen() -> None:
+    scenario = make(strategy_options={"stage": 1})
+    with pytest.raises(AttributeError):
+        scenario.steps = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        scenario.strategy_options["stage"] = 2  # type: ignore[index]
