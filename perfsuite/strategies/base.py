@@ -74,16 +74,21 @@ class Strategy(ABC):
 
 
 class TorchStrategy(Strategy):
-    """Plain PyTorch training with autocast AMP; subclasses change the wrapping
-    (:meth:`wrap`) or the optimizer (:meth:`make_optimizer`)."""
+    """Plain PyTorch training with autocast AMP. Subclasses change one step by
+    overriding a hook: :meth:`wrap`, :meth:`make_optimizer`,
+    :meth:`make_precision`, :meth:`grad_sync` or :meth:`zero_grad`."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
+    precision: Precision
 
     def setup(self, model: nn.Module) -> None:
-        self.precision = Precision(self.ctx.precision, self.ctx.device)
+        self.precision = self.make_precision()
         self.model = self.wrap(model)
         self.optimizer = self.make_optimizer(self.model)
+
+    def make_precision(self) -> Precision:
+        return Precision(self.ctx.precision, self.ctx.device)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
@@ -91,19 +96,26 @@ class TorchStrategy(Strategy):
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.AdamW(model.parameters(), lr=self.ctx.lr)
 
-    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+    def grad_sync(self, sync_grads: bool) -> contextlib.AbstractContextManager[None]:
+        """Context for one micro-batch; skips gradient communication when
+        ``sync_grads`` is False and the wrapper can defer it (DDP's no_sync)."""
         no_sync = getattr(self.model, "no_sync", None)
-        return no_sync() if callable(no_sync) else contextlib.nullcontext()
+        if sync_grads or not callable(no_sync):
+            return contextlib.nullcontext()
+        return no_sync()
 
     def forward_backward(self, batch: Mapping[str, torch.Tensor], sync_grads: bool) -> torch.Tensor:
-        with contextlib.nullcontext() if sync_grads else self.no_sync():
+        with self.grad_sync(sync_grads):
             with self.precision.autocast():
-                loss = self.model(**batch).loss / self.ctx.grad_accum
-            self.precision.backward(loss)
+                loss = self.model(**batch).loss
+            self.precision.backward(loss / self.ctx.grad_accum)
         return loss.detach()
 
     def optimizer_step(self) -> None:
         self.precision.step(self.optimizer)
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
     def state_tensors(self) -> StateTensors:

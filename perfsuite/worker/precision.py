@@ -15,14 +15,30 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class Precision:
-    def __init__(self, name: str, device: torch.device) -> None:
+    """``use_autocast=False`` is for wrappers that cast parameters themselves
+    (FSDP2's MixedPrecisionPolicy); fp16 then still scales the loss.
+
+    The default scaler decides on skipped steps from local gradients: right when
+    every rank holds the same gradients (DDP) or they are DTensors (FSDP2), whose
+    inf check torch all-reduces. A strategy that shards plain gradients must pass
+    a scaler that agrees across ranks.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        device: torch.device,
+        use_autocast: bool = True,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
         self.name = name
         self.device_type = device.type
-        self.scaler = torch.amp.GradScaler(self.device_type) if name == "fp16" else None
+        self.use_autocast = use_autocast
+        self.scaler = (scaler or torch.amp.GradScaler(self.device_type)) if name == "fp16" else None
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
-        if self.name == "fp32":
+        if self.name == "fp32" or not self.use_autocast:
             yield
             return
         with torch.autocast(self.device_type, dtype=DTYPES[self.name]):
