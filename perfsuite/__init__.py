@@ -18,9 +18,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from perfsuite.profiles import HardwareProfile
+from perfsuite.relations import Relation, chain
 from perfsuite.scenario import ModelSpec, Scenario, ScenarioError
 
-__all__ = ["HardwareProfile", "ModelSpec", "Scenario", "ScenarioError", "parametrize"]
+__all__ = [
+    "HardwareProfile",
+    "ModelSpec",
+    "Relation",
+    "Scenario",
+    "ScenarioError",
+    "chain",
+    "parametrize",
+    "parametrize_relations",
+]
 
 
 def parametrize(scenarios: Sequence[Scenario]) -> Any:
@@ -32,3 +42,10 @@ def parametrize(scenarios: Sequence[Scenario]) -> Any:
     if duplicates:
         raise ScenarioError(f"duplicate scenario ids {duplicates}: ids are baseline keys and must be unique")
     return pytest.mark.parametrize("scenario", list(scenarios), ids=ids)
+
+
+def parametrize_relations(relations: Sequence[Relation]) -> Any:
+    """``pytest.mark.parametrize("relation", ...)`` with each relation's id as test id."""
+    import pytest
+
+    return pytest.mark.parametrize("relation", list(relations), ids=[r.id for r in relations])

@@ -19,7 +19,8 @@ from perfsuite.compare import FAILING, MetricCheck, check_metric
 from perfsuite.fingerprint import machine_fingerprint
 from perfsuite.launch.local import LocalTorchrun
 from perfsuite.profiles import HardwareProfile, ProfileError, ProfileRegistry, profile_for
-from perfsuite.report import results_document, summary_lines, write_results
+from perfsuite.relations import Relation, RelationOutcome
+from perfsuite.report import relation_lines, results_document, summary_lines, write_results
 from perfsuite.scenario import Scenario
 from perfsuite.session import PerfSession, RunSettings, ScenarioResult
 
@@ -175,6 +176,19 @@ class Perf:
         return result
 
 
+    def check_relation(self, relation: Relation) -> RelationOutcome:
+        """Check a relation between two scenarios of this run; fail if violated."""
+        try:
+            outcome = self.session.relation(relation)
+        except BaselineError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        if outcome.status == "skipped":
+            pytest.skip(f"{relation.id}: {outcome.message}")
+        if outcome.status == "violated":
+            pytest.fail(f"{relation.id}: violated: {outcome.message}", pytrace=False)
+        return outcome
+
+
 @pytest.fixture
 def perf(perf_session: PerfSession, request: pytest.FixtureRequest) -> Perf:
     """Run perfsuite scenarios from a test: ``perf.check(scenario)``."""
@@ -188,6 +202,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     terminalreporter.write_sep("-", f"perfsuite summary (profile {session.profile.name})")
     for line in summary_lines(session.results.values()):
         terminalreporter.write_line(line)
+    if session.relations:
+        terminalreporter.write_sep("-", "perfsuite relations")
+        for line in relation_lines(session.relations.values()):
+            terminalreporter.write_line(line)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -198,5 +216,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     fingerprint = perf.current_fingerprint() if perf else _fingerprint(config)
     results = list(perf.results.values()) if perf else []
+    relations = [r.to_json() for r in perf.relations.values()] if perf else []
     profile = perf.profile.name if perf else ""
-    write_results(Path(path), results_document(fingerprint, profile, results))
+    write_results(Path(path), results_document(fingerprint, profile, results, relations=relations))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.baselines import atomic_write_json
+from perfsuite.relations import RelationOutcome
 from perfsuite.session import ScenarioResult
 
 COLUMNS = ("scenario", "status", "samples/s", "delta", "peak MiB", "state MiB/rank", "verdict")
@@ -30,12 +31,20 @@ def _row(result: ScenarioResult) -> tuple[str, ...]:
     )
 
 
-def summary_lines(results: Iterable[ScenarioResult]) -> list[str]:
-    rows = [COLUMNS, *(_row(r) for r in results)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+def table(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> list[str]:
+    rows = [header, *rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return lines
+
+
+def summary_lines(results: Iterable[ScenarioResult]) -> list[str]:
+    return table(COLUMNS, (_row(r) for r in results))
+
+
+def relation_lines(outcomes: Iterable[RelationOutcome]) -> list[str]:
+    return table(("relation", "status", "detail"), ((o.relation.id, o.status, o.message) for o in outcomes))
 
 
 def results_document(

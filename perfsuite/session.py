@@ -23,6 +23,7 @@ from perfsuite.compare import (
 from perfsuite.fingerprint import stack_changes
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
 from perfsuite.profiles import HardwareProfile
+from perfsuite.relations import Relation, RelationOutcome, evaluate
 from perfsuite.scenario import Scenario
 from perfsuite.stats import ScenarioMetrics, aggregate
 
@@ -90,6 +91,7 @@ class PerfSession:
         self.compare = compare
         self.store = BaselineStore(settings.baselines_dir, settings.profile.name)
         self.results: dict[str, ScenarioResult] = {}
+        self.relations: dict[str, RelationOutcome] = {}
         self.runtime: dict[str, Any] = {}  # rank 0's torch/CUDA/NCCL builds, once seen
         self._workroot = settings.workdir or Path(tempfile.mkdtemp(prefix="perfsuite-"))
 
@@ -106,6 +108,20 @@ class PerfSession:
         if scenario.id not in self.results:
             self.results[scenario.id] = self._run(scenario.resolve(self.profile.variant_keys))
         return self.results[scenario.id]
+
+    def relation(self, relation: Relation) -> RelationOutcome:
+        """Check a relation, running (or reusing) both of its scenarios."""
+        if relation.id not in self.relations:
+            self.relations[relation.id] = self._relation(relation)
+        return self.relations[relation.id]
+
+    def _relation(self, relation: Relation) -> RelationOutcome:
+        keys = self.profile.variant_keys
+        if relation.only_on and not set(relation.only_on) & set(keys):
+            where = ", ".join(relation.only_on)
+            return RelationOutcome(relation, "skipped", f"holds on {where} profiles only, this is {self.profile.name}")
+        left, right = self.run(relation.left), self.run(relation.right)
+        return evaluate(relation, left, right, left.scenario.world_size)
 
     def _run(self, scenario: Scenario) -> ScenarioResult:
         baseline = self.store.get(scenario.group, scenario.id)

@@ -1,0 +1,127 @@
+"""Relations between scenarios measured in the same run ("ZeRO-2 holds less
+model state per rank than ZeRO-1", "AMP is faster than fp32").
+
+Declared as data next to the scenarios and checked as tests of their own. They
+compare two runs of one session on one machine, so they hold however fast the
+machine is. That makes them the right gate for shape claims from the seed
+tables, which were measured on other hardware.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from perfsuite.scenario import Scenario, ScenarioError
+
+Op = Literal["<", ">", "~"]
+_OPS: dict[str, Callable[[float, float], bool]] = {"<": operator.lt, ">": operator.gt}
+
+#: Metrics a relation can compare: gated metrics plus model-state categories.
+RELATION_METRICS = (
+    "samples_per_s",
+    "peak_mem_mib",
+    "model_state_bytes_per_rank",
+    "model_state.params",
+    "model_state.grads",
+    "model_state.optimizer",
+)
+
+
+@dataclass(frozen=True)
+class Relation:
+    """``left.metric  op  factor * right.metric``.
+
+    ``op`` is ``<``/``>`` (strict) or ``~`` (equal within ``tolerance``,
+    relative). ``factor`` may be ``"1/world_size"``, resolved with the left
+    scenario's resolved world size (sharding over N ranks).
+    ``only_on`` limits the relation to profiles with one of these variant keys
+    (e.g. ``("cuda",)`` for throughput claims that only hold on GPUs).
+    """
+
+    metric: str
+    left: Scenario
+    op: Op
+    right: Scenario
+    factor: float | Literal["1/world_size"] = 1.0
+    tolerance: float = 0.0
+    only_on: tuple[str, ...] = ()
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.metric not in RELATION_METRICS:
+            raise ScenarioError(
+                f"relation {self.id}: field 'metric' must be one of {RELATION_METRICS}, got {self.metric!r}"
+            )
+        if self.op not in ("<", ">", "~"):
+            raise ScenarioError(f"relation {self.id}: field 'op' must be '<', '>' or '~', got {self.op!r}")
+        if self.op == "~" and not 0 < self.tolerance < 1:
+            raise ScenarioError(f"relation {self.id}: field 'tolerance' must be in (0, 1) for '~'")
+
+    @property
+    def id(self) -> str:
+        factor = "" if self.factor == 1.0 else f"{self.factor}*"
+        return f"{self.left.group}.{self.metric}:{self.left.name}{self.op}{factor}{self.right.name}"
+
+
+@dataclass(frozen=True)
+class RelationOutcome:
+    relation: Relation
+    status: Literal["holds", "violated", "skipped"]
+    message: str
+    left_value: float | None = None
+    right_value: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.relation.id,
+            "metric": self.relation.metric,
+            "left": self.relation.left.id,
+            "op": self.relation.op,
+            "right": self.relation.right.id,
+            "status": self.status,
+            "left_value": self.left_value,
+            "right_value": self.right_value,
+            "message": self.message,
+        }
+
+
+def metric_value(metrics: Any, name: str) -> float:
+    """A relation metric from ScenarioMetrics (model-state categories: worst rank)."""
+    if name.startswith("model_state."):
+        category = name.split(".", 1)[1]
+        return float(max(rank["model_state"][category] for rank in metrics.per_rank))
+    return float(metrics.metric(name))
+
+
+def evaluate(relation: Relation, left: Any, right: Any, world_size: int) -> RelationOutcome:
+    """Decide a relation from two ScenarioResults."""
+    for side in (left, right):
+        if side.status != "ok" or side.metrics is None:
+            return RelationOutcome(
+                relation, "skipped", f"{side.scenario.id} did not train ({side.status}: {side.judgement.message})"
+            )
+    a = metric_value(left.metrics, relation.metric)
+    factor = 1.0 / world_size if relation.factor == "1/world_size" else float(relation.factor)
+    b = factor * metric_value(right.metrics, relation.metric)
+    if relation.op == "~":
+        holds = abs(a - b) <= relation.tolerance * abs(b)
+        claim = f"within {relation.tolerance:.0%} of"
+    else:
+        holds = _OPS[relation.op](a, b)
+        claim = {"<": "less than", ">": "greater than"}[relation.op]
+    scaled = f"{factor:.3g} x " if factor != 1.0 else ""
+    message = (
+        f"{relation.left.name} {relation.metric} = {a:.6g} is {'' if holds else 'NOT '}{claim} "
+        f"{scaled}{relation.right.name}'s ({b:.6g})"
+    )
+    if relation.why:
+        message += f" [{relation.why}]"
+    return RelationOutcome(relation, "holds" if holds else "violated", message, a, b)
+
+
+def chain(metric: str, op: Op, scenarios: Sequence[Scenario], **kwargs: Any) -> list[Relation]:
+    """``a > b > c`` as the relations ``a > b`` and ``b > c``."""
+    return [Relation(metric, a, op, b, **kwargs) for a, b in zip(scenarios, scenarios[1:])]

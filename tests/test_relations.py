@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from perfsuite import ModelSpec, Relation, Scenario, ScenarioError, chain
+from perfsuite.compare import Judgement
+from perfsuite.relations import evaluate
+from perfsuite.stats import ScenarioMetrics, Summary
+
+TINY = ModelSpec("gpt2", layers=1, hidden=32, heads=2, vocab=512, max_positions=64)
+A, B, C = (Scenario("g", n, TINY, world_size=2, micro_batch=1, global_batch=2, seq_len=8) for n in "abc")
+
+
+@dataclass
+class Fake:
+    scenario: Scenario
+    status: str
+    metrics: ScenarioMetrics | None
+    judgement: Judgement = Judgement("pass", "")
+
+
+def result(scenario: Scenario, throughput: float, optimizer: int, status: str = "ok") -> Fake:
+    ranks = [{"rank": r, "model_state": {"params": 10, "grads": 10, "optimizer": optimizer, "total": 20 + optimizer}}
+             for r in (0, 1)]
+    metrics = ScenarioMetrics(Summary(throughput, 1, 5), 0, 0, 0, 100, 20 + optimizer, ranks, [])
+    return Fake(scenario, status, metrics if status == "ok" else None)
+
+
+def test_strict_relation_holds_and_is_violated() -> None:
+    rel = Relation("model_state_bytes_per_rank", A, ">", B)
+    assert evaluate(rel, result(A, 1, 80), result(B, 1, 40), 2).status == "holds"
+    outcome = evaluate(rel, result(A, 1, 40), result(B, 1, 40), 2)
+    assert outcome.status == "violated" and "NOT greater than" in outcome.message
+
+
+def test_world_size_factor_for_sharded_optimizer_states() -> None:
+    rel = Relation("model_state.optimizer", A, "~", B, factor="1/world_size", tolerance=0.05)
+    assert evaluate(rel, result(A, 1, 50), result(B, 1, 100), 2).status == "holds"
+    assert evaluate(rel, result(A, 1, 100), result(B, 1, 100), 2).status == "violated"
+
+
+def test_relation_with_a_run_that_did_not_train_is_skipped() -> None:
+    rel = Relation("samples_per_s", A, ">", B)
+    outcome = evaluate(rel, result(A, 1, 1), result(B, 1, 1, status="oom"), 2)
+    assert outcome.status == "skipped" and "g.b did not train (oom" in outcome.message
+
+
+def test_chain_and_ids() -> None:
+    relations = chain("model_state_bytes_per_rank", ">", [A, B, C])
+    assert [r.id for r in relations] == [
+        "g.model_state_bytes_per_rank:a>b",
+        "g.model_state_bytes_per_rank:b>c",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"metric": "latency"}, "metric"), ({"op": ">="}, "op"), ({"op": "~", "tolerance": 0}, "tolerance")],
+)
+def test_bad_relation_names_the_field(kwargs: dict, field: str) -> None:
+    fields = {"metric": "samples_per_s", "left": A, "op": ">", "right": B, **kwargs}
+    with pytest.raises(ScenarioError, match=f"field '{field}'"):
+        Relation(**fields)
