@@ -44,7 +44,11 @@ def summary_lines(results: Iterable[ScenarioResult]) -> list[str]:
 
 
 def relation_lines(outcomes: Iterable[RelationOutcome]) -> list[str]:
-    return table(("relation", "status", "detail"), ((o.relation.id, o.status, o.message) for o in outcomes))
+    return table(("relation", "status", "detail"), ((o.relation.id, o.status, _clip(o.message)) for o in outcomes))
+
+
+def _clip(text: str, width: int = 110) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def results_document(
