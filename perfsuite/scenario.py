@@ -113,7 +113,8 @@ class Scenario:
     micro_batch: int = 1
     global_batch: int = 1
     seq_len: int = 128
-    warmup_steps: int = 3
+    warmup_steps: int = 3  # minimum warmup; more run until step times settle
+    max_warmup_steps: int | None = None  # default: 3 x warmup_steps
     steps: int = 10
     lr: float = 1e-4
     tolerances: Mapping[str, float] = field(default_factory=dict)
@@ -145,6 +146,8 @@ class Scenario:
         for name in ("world_size", "micro_batch", "global_batch", "seq_len", "steps"):
             _check_int(owner, name, getattr(self, name), 1)
         _check_int(owner, "warmup_steps", self.warmup_steps, 0)
+        if self.max_warmup_steps is not None:
+            _check_int(owner, "max_warmup_steps", self.max_warmup_steps, self.warmup_steps)
         if self.steps < 2:
             raise _fail(owner, "steps", f"must be >= 2 to report a spread, got {self.steps}")
         per_step = self.micro_batch * self.data_parallel_size
@@ -205,6 +208,10 @@ class Scenario:
         return max(1, self.world_size // (tp * pp))
 
     @property
+    def warmup_limit(self) -> int:
+        return self.max_warmup_steps if self.max_warmup_steps is not None else 3 * self.warmup_steps
+
+    @property
     def grad_accum(self) -> int:
         return self.global_batch // (self.micro_batch * self.data_parallel_size)
 
@@ -240,6 +247,7 @@ class Scenario:
             "grad_accum": self.grad_accum,
             "seq_len": self.seq_len,
             "warmup_steps": self.warmup_steps,
+            "max_warmup_steps": self.warmup_limit,
             "steps": self.steps,
             "lr": self.lr,
         }

@@ -157,6 +157,7 @@ class PerfSession:
                 "reports_dir": str(workdir / "reports"),
                 "rank_memory_budget_mib": self.profile.rank_memory_budget_mib,
                 "device_memory_cap_mib": self.profile.device_memory_cap_mib,
+                "steady_threshold": self.profile.steady_threshold,
                 "seed": 0,
             },
         }

@@ -71,7 +71,7 @@ def run(job: dict[str, Any], ctx: WorkerContext, reporter: Reporter) -> dict[str
     strategy = strategy_cls(sctx)
     strategy.setup(model)
     del model  # the strategy holds what it needs; a stray reference skews memory
-    result = train(strategy, batches, scenario, ctx, reporter)
+    result = train(strategy, batches, scenario, ctx, reporter, settings)
     reporter.phase("report")
     return {**result, "runtime": runtime_fingerprint() if ctx.rank == 0 else {}}
 

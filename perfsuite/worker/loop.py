@@ -2,15 +2,81 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from perfsuite.strategies.base import Strategy
+from perfsuite.worker.health import HealthTracker
 from perfsuite.worker.memory import MemoryTracker, count_state_bytes
 from perfsuite.worker.runtime import Reporter, WorkerContext
+
+STEADY_WINDOW = 3  # trailing warmup steps whose spread decides "settled"
+
+
+def slowest_rank(seconds: float, ctx: WorkerContext) -> float:
+    """Step time of the slowest rank, the same number on every rank, so all
+    ranks agree on when warmup ends (unequal step counts would deadlock)."""
+    value = torch.tensor([seconds], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
+
+
+def settled(times: Sequence[float], threshold: float) -> bool:
+    """The trailing window's spread (max - min) / median is within ``threshold``."""
+    if len(times) < STEADY_WINDOW:
+        return False
+    window = times[-STEADY_WINDOW:]
+    return (max(window) - min(window)) / statistics.median(window) <= threshold
+
+
+def burn(seconds: float, ctx: WorkerContext) -> None:
+    """Real device work for about ``seconds`` (the planted slowdown): matmuls
+    on the training device, synchronised, so it is as visible to the timer as
+    slower kernels would be."""
+    a = torch.randn(256, 256, device=ctx.device)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        a = torch.tanh(a @ a)
+        ctx.synchronize()
+
+
+class Trainer:
+    """Runs steps of one strategy and times each from synchronised clocks."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        batches: Sequence[Mapping[str, torch.Tensor]],
+        scenario: Mapping[str, Any],
+        ctx: WorkerContext,
+        slowdown: float,
+    ) -> None:
+        self.strategy, self.batches, self.ctx = strategy, batches, ctx
+        self.accum = scenario["grad_accum"]
+        self.slowdown = slowdown
+        self.step_index = 0
+        self.loss = torch.zeros(())
+
+    def step(self, count_state: bool = False) -> tuple[float, dict[str, int]]:
+        state: dict[str, int] = {}
+        self.ctx.synchronize()
+        start = time.perf_counter()
+        for micro in range(self.accum):
+            batch = self.batches[(self.step_index + micro) % len(self.batches)]
+            self.loss = self.strategy.forward_backward(batch, micro == self.accum - 1)
+        if count_state:
+            state = count_state_bytes(self.strategy.state_tensors())
+        self.strategy.optimizer_step()
+        self.ctx.synchronize()
+        if self.slowdown:
+            burn(self.slowdown * (time.perf_counter() - start), self.ctx)
+        self.step_index += 1
+        return time.perf_counter() - start, state
 
 
 def train(
@@ -19,38 +85,43 @@ def train(
     scenario: Mapping[str, Any],
     ctx: WorkerContext,
     reporter: Reporter,
+    settings: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """Run warmup plus measured steps; return raw per-step times and memory.
+    """Warm up until step times settle, then time ``steps`` steps.
 
-    Each step is bracketed by device synchronisation so the host clock measures
-    finished work. Model state is counted on the last step after backward and
-    before the optimizer step, when gradients and optimizer states coexist.
+    Warmup runs at least ``warmup_steps`` and at most ``max_warmup_steps``
+    steps; it ends early once the trailing window's spread is within
+    ``settings["steady_threshold"]``. Model state is counted on the last step
+    after backward and before the optimizer step, when gradients and optimizer
+    states coexist.
     """
-    warmup, steps, accum = scenario["warmup_steps"], scenario["steps"], scenario["grad_accum"]
+    trainer = Trainer(strategy, batches, scenario, ctx, settings.get("slowdown_pct", 0.0) / 100)
+    warmup: list[float] = []
+    threshold = settings.get("steady_threshold", 0.1)
+    while len(warmup) < scenario["max_warmup_steps"]:
+        if len(warmup) >= scenario["warmup_steps"] and settled(warmup, threshold):
+            break
+        reporter.phase(f"warmup step {len(warmup)}")
+        warmup.append(slowest_rank(trainer.step()[0], ctx))
     times: list[float] = []
     losses: list[float] = []
     state: dict[str, int] = {}
-    with MemoryTracker.for_device(ctx.device) as memory:
-        for step in range(warmup + steps):
-            measuring = step >= warmup
-            reporter.phase(f"{'measure' if measuring else 'warmup'} step {step}")
-            ctx.synchronize()
-            start = time.perf_counter()
-            for micro in range(accum):
-                loss = strategy.forward_backward(batches[(step + micro) % len(batches)], micro == accum - 1)
-            if step == warmup + steps - 1:
-                state = count_state_bytes(strategy.state_tensors())
-            strategy.optimizer_step()
-            ctx.synchronize()
-            elapsed = time.perf_counter() - start
+    with MemoryTracker.for_device(ctx.device) as memory, HealthTracker.for_device(ctx.device) as health:
+        for i in range(scenario["steps"]):
+            reporter.phase(f"measure step {len(warmup) + i}")
+            elapsed, counted = trainer.step(count_state=i == scenario["steps"] - 1)
+            state = counted or state
             memory.sample()
-            if measuring:
-                times.append(elapsed)
-                losses.append(float(loss))
+            health.sample()
+            times.append(elapsed)
+            losses.append(float(trainer.loss))
     return {
         "step_times_s": times,
+        "warmup_times_s": warmup,
+        "steady_state_start": len(warmup),
         "losses": losses,
         "peak_mem_mib": memory.result.peak_mem_mib,
         "memory": memory.result.detail,
+        "health": health.result,
         "model_state": state,
     }
