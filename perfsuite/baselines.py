@@ -150,17 +150,22 @@ class BaselineStore:
         expected: str,
         metrics: Mapping[str, Any],
         fingerprint: Mapping[str, Any],
+        tolerances: Mapping[str, float] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> BaselineEntry:
-        """Store a measured outcome, keeping hand-set tolerances and notes."""
+        """Store a measured outcome, keeping hand-set tolerances and notes.
+
+        ``tolerances`` (from calibration) are merged over the stored ones.
+        """
         entries = dict(self.group(group))  # raises on a corrupt file: never overwrite it
         old = entries.get(scenario_id)
         entry = BaselineEntry(
             expected=expected,
             metrics=metrics,
-            tolerances=old.tolerances if old else {},
+            tolerances={**(old.tolerances if old else {}), **(tolerances or {})},
             fingerprint=fingerprint,
             note=old.note if old else "",
-            extra={**(old.extra if old else {}), "recorded_at": _now()},
+            extra={**(old.extra if old else {}), **(extra or {}), "recorded_at": _now()},
         )
         entries[scenario_id] = entry
         self._write(group, entries)

@@ -6,13 +6,14 @@ tolerance in the good direction passes but flags the baseline as stale.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from perfsuite.baselines import BaselineEntry
 from perfsuite.scenario import METRIC_DIRECTIONS
-from perfsuite.stats import ScenarioMetrics
+from perfsuite.stats import ScenarioMetrics, Summary
 
 Verdict = Literal[
     "pass",
@@ -25,8 +26,11 @@ Verdict = Literal[
     "error",
     "skipped",
     "recorded",
+    "unreliable",
 ]
 FAILING: frozenset[str] = frozenset({"regression", "unexpected_oom", "unexpected_pass", "error"})
+#: One-sided significance level for "the drop is real".
+ALPHA = 0.05
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class MetricCheck:
     tolerance: float
     direction: Literal["higher", "lower"]
     outcome: Literal["pass", "regression", "improved"] = "pass"
+    #: One-sided p-value that the current value is worse (None: not tested,
+    #: e.g. exact metrics such as model-state bytes).
+    p_value: float | None = None
 
     @property
     def delta(self) -> float:
@@ -46,16 +53,19 @@ class MetricCheck:
         return (self.current - self.baseline) / self.baseline if self.baseline else 0.0
 
     def describe(self) -> str:
+        p = f", p={self.p_value:.3g}" if self.p_value is not None else ""
         return (
             f"{self.metric}: {self.current:.4g} vs baseline {self.baseline:.4g} "
-            f"({self.delta:+.1%}, tolerance {self.tolerance:.0%}, {self.direction} is better)"
+            f"({self.delta:+.1%}, tolerance {self.tolerance:.0%}{p}, {self.direction} is better)"
         )
 
 
 def check_metric(check: MetricCheck) -> MetricCheck:
-    """Default comparison: relative change against a symmetric tolerance."""
+    """Default comparison: a regression is a change for the worse beyond the
+    tolerance that is also significant (p < ALPHA) where it was tested."""
     worse = -check.delta if check.direction == "higher" else check.delta
-    if worse > check.tolerance:
+    significant = check.p_value is None or check.p_value < ALPHA
+    if worse > check.tolerance and significant:
         return replace(check, outcome="regression")
     if -worse > check.tolerance:
         return replace(check, outcome="improved")
@@ -108,6 +118,23 @@ def judge_outcome(status: str, expected: str, baseline: BaselineEntry | None) ->
     return None
 
 
+def worse_p_value(current: Summary, baseline: Mapping[str, Any], direction: str) -> float | None:
+    """One-sided Welch t-test that ``current`` is worse than the baseline's
+    stored mean/std/n; None where either side has too few samples."""
+    n_base = int(baseline.get("n", 0))
+    if current.n < 2 or n_base < 2:
+        return None
+    from scipy.stats import ttest_ind_from_stats
+
+    result = ttest_ind_from_stats(
+        current.mean, current.std, current.n,
+        float(baseline["mean"]), float(baseline.get("std", 0.0)), n_base,
+        equal_var=False, alternative="less" if direction == "higher" else "greater",
+    )  # fmt: skip
+    p = float(result.pvalue)
+    return p if math.isfinite(p) else None
+
+
 def judge_metrics(
     metrics: ScenarioMetrics,
     baseline: BaselineEntry,
@@ -119,9 +146,13 @@ def judge_metrics(
         base = baseline.value(metric)
         if base is None or metric not in tolerances:
             continue
+        p_value = None
+        stored = baseline.metrics.get(metric)
+        if metric == "samples_per_s" and isinstance(stored, Mapping):
+            p_value = worse_p_value(metrics.samples_per_s, stored, direction)
         checks.append(
             compare(
-                MetricCheck(metric, metrics.metric(metric), base, tolerances[metric], direction)
+                MetricCheck(metric, metrics.metric(metric), base, tolerances[metric], direction, p_value=p_value)
             )
         )
     regressions = [c for c in checks if c.outcome == "regression"]

@@ -119,3 +119,28 @@ def stack_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str
             if old.get(name) != new.get(name):
                 changes.append(f"{name} {old.get(name)} -> {new.get(name)}")
     return changes
+
+
+def foreign_gpu_processes() -> list[dict[str, Any]]:
+    """Compute processes on the visible GPUs that are not this process.
+
+    Another job on the card skews every timing; perfsuite reports it rather
+    than touching the other process or any GPU setting.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML: nothing to check
+        return []
+    try:
+        found = []
+        for index in _visible_indices(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid != os.getpid():
+                    mib = (proc.usedGpuMemory or 0) // 2**20
+                    found.append({"gpu": index, "pid": proc.pid, "used_mib": mib})
+        return found
+    finally:
+        pynvml.nvmlShutdown()

@@ -16,7 +16,7 @@ import pytest
 from perfsuite import hookspecs
 from perfsuite.baselines import BaselineError
 from perfsuite.compare import FAILING, MetricCheck, check_metric
-from perfsuite.fingerprint import machine_fingerprint
+from perfsuite.fingerprint import foreign_gpu_processes, machine_fingerprint
 from perfsuite.launch.local import LocalTorchrun
 from perfsuite.profiles import HardwareProfile, ProfileError, ProfileRegistry, profile_for
 from perfsuite.relations import Relation, RelationOutcome
@@ -31,6 +31,10 @@ FINGERPRINT_KEY = pytest.StashKey[dict]()
 
 class StaleBaselineWarning(UserWarning):
     """A scenario beat its baseline by more than the tolerance."""
+
+
+class BusyGpuWarning(UserWarning):
+    """Other processes were using the GPUs when the session started."""
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -64,6 +68,45 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=float,
         help="wall-clock limit per scenario run (default: scenario's, else profile's)",
     )
+    group.addoption(
+        "--perf-repeats",
+        metavar="N",
+        type=int,
+        default=1,
+        help="launch each scenario N times with fresh workers and pool the samples (default 1)",
+    )
+    group.addoption(
+        "--perf-confirm",
+        metavar="N",
+        type=int,
+        default=1,
+        help="measure an apparent regression N more times; it fails only if every "
+        "confirmation regresses too (default 1; 0 disables)",
+    )
+    group.addoption(
+        "--perf-fail-unreliable",
+        action="store_true",
+        help="fail scenarios whose spread is too high to judge (default: skip them, marked UNRELIABLE)",
+    )
+    group.addoption(
+        "--perf-gpu-busy",
+        choices=("warn", "error", "ignore"),
+        default="warn",
+        help="what to do when other processes use the GPUs before a run (default warn)",
+    )
+    group.addoption(
+        "--perf-inject-slowdown",
+        metavar="PCT",
+        type=float,
+        default=0.0,
+        help="self-test of the gate: workers do PCT%% more real device work per step",
+    )
+    group.addoption(
+        "--perf-calibrate",
+        action="store_true",
+        help="record baselines with tolerances derived from the spread between "
+        "--perf-repeats launches (3 sigma); see 'python -m perfsuite calibrate'",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -71,6 +114,14 @@ def pytest_configure(config: pytest.Config) -> None:
     timeout = config.getoption("--perf-timeout")
     if timeout is not None and timeout <= 0:
         raise pytest.UsageError(f"--perf-timeout must be a positive number of seconds, got {timeout}")
+    if config.getoption("--perf-repeats") < 1:
+        raise pytest.UsageError(f"--perf-repeats must be >= 1, got {config.getoption('--perf-repeats')}")
+    if config.getoption("--perf-confirm") < 0:
+        raise pytest.UsageError(f"--perf-confirm must be >= 0, got {config.getoption('--perf-confirm')}")
+    if config.getoption("--perf-inject-slowdown") < 0:
+        raise pytest.UsageError("--perf-inject-slowdown must be a non-negative percentage")
+    if config.getoption("--perf-calibrate") and config.getoption("--perf-repeats") < 2:
+        raise pytest.UsageError("--perf-calibrate needs --perf-repeats N with N >= 2 to see the spread")
     if config.getoption("--perf-profile"):
         _profile(config)  # fail fast on an unknown profile name
 
@@ -130,11 +181,28 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             timeout_s=config.getoption("--perf-timeout"),
             workdir=tmp_path_factory.mktemp("perfsuite"),
             worker_env=_worker_env(config),
+            repeats=config.getoption("--perf-repeats"),
+            confirm=config.getoption("--perf-confirm"),
+            slowdown_pct=config.getoption("--perf-inject-slowdown"),
+            calibrate=config.getoption("--perf-calibrate"),
         )
+        _check_gpus_idle(config)
         config.stash[SESSION_KEY] = PerfSession(
             settings, _fingerprint(config), LocalTorchrun(), _compare(config)
         )
     return config.stash[SESSION_KEY]
+
+
+def _check_gpus_idle(config: pytest.Config) -> None:
+    mode = config.getoption("--perf-gpu-busy")
+    busy = foreign_gpu_processes() if mode != "ignore" else []
+    if not busy:
+        return
+    listing = ", ".join(f"pid {p['pid']} on GPU {p['gpu']} ({p['used_mib']} MiB)" for p in busy)
+    message = f"other processes use the GPUs, timings will be skewed: {listing}"
+    if mode == "error":
+        raise pytest.UsageError(message + " (--perf-gpu-busy=error)")
+    warnings.warn(BusyGpuWarning(message), stacklevel=1)
 
 
 class Perf:
@@ -165,6 +233,10 @@ class Perf:
             pytest.fail(f"{scenario.id}: {verdict}: {message}", pytrace=False)
         if verdict == "skipped":
             pytest.skip(f"{scenario.id}: {message}")
+        if verdict == "unreliable":
+            if self.request.config.getoption("--perf-fail-unreliable"):
+                pytest.fail(f"{scenario.id}: UNRELIABLE: {message}", pytrace=False)
+            pytest.skip(f"{scenario.id}: UNRELIABLE (not judged): {message}")
         if verdict == "no_baseline":
             path = self.session.store.path(scenario.group)
             pytest.skip(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -55,6 +55,9 @@ class ScenarioMetrics:
     model_state_bytes_per_rank: int
     per_rank: list[dict[str, Any]]
     step_times_s: list[float]
+    steady_state_start: int = 0  # warmup steps run before measuring (first repeat)
+    health: list[dict[str, Any]] = field(default_factory=list)  # per rank, first repeat
+    repeats: list[dict[str, Any]] = field(default_factory=list)  # one summary per launch
 
     def metric(self, name: str) -> float:
         """Scalar value of a gated metric, as compared with a baseline."""
@@ -71,6 +74,17 @@ class ScenarioMetrics:
             "model_state_bytes_per_rank": self.model_state_bytes_per_rank,
             "per_rank": self.per_rank,
             "step_times_s": self.step_times_s,
+            "steady_state_start": self.steady_state_start,
+            "health": self.health,
+            "repeats": self.repeats,
+        }
+
+    def repeat_summary(self) -> dict[str, Any]:
+        return {
+            "samples_per_s": self.samples_per_s.mean,
+            "samples_per_s_std": self.samples_per_s.std,
+            "peak_mem_mib": self.peak_mem_mib,
+            "steady_state_start": self.steady_state_start,
         }
 
 
@@ -83,16 +97,45 @@ def aggregate(
     of step *i* is the max over ranks; memory is reported for the worst rank.
     """
     per_step = [max(times) for times in zip(*(r["step_times_s"] for r in ranks), strict=True)]
-    throughput = [global_batch / t for t in per_step]
-    samples = Summary.of(throughput)
+    metrics = _from_steps(per_step, global_batch, seq_len)
+    return replace(
+        metrics,
+        peak_mem_mib=max(r["peak_mem_mib"] for r in ranks),
+        model_state_bytes_per_rank=max(r["model_state"]["total"] for r in ranks),
+        per_rank=[_rank_row(r, global_batch) for r in ranks],
+        steady_state_start=int(ranks[0].get("steady_state_start", 0)),
+        health=[{"rank": r["rank"], **r.get("health", {})} for r in ranks],
+    )
+
+
+def pool(runs: Sequence[ScenarioMetrics], global_batch: int, seq_len: int) -> ScenarioMetrics:
+    """Metrics of several launches of one scenario: step samples pooled, memory
+    the worst launch's, and one summary per launch under ``repeats``."""
+    first = runs[0]
+    pooled = _from_steps([t for run in runs for t in run.step_times_s], global_batch, seq_len)
+    return replace(
+        first,
+        samples_per_s=pooled.samples_per_s,
+        tokens_per_s=pooled.tokens_per_s,
+        step_time_median_s=pooled.step_time_median_s,
+        step_time_p90_s=pooled.step_time_p90_s,
+        step_times_s=pooled.step_times_s,
+        peak_mem_mib=max(run.peak_mem_mib for run in runs),
+        model_state_bytes_per_rank=max(run.model_state_bytes_per_rank for run in runs),
+        repeats=[run.repeat_summary() for run in runs],
+    )
+
+
+def _from_steps(per_step: list[float], global_batch: int, seq_len: int) -> ScenarioMetrics:
+    samples = Summary.of([global_batch / t for t in per_step])
     return ScenarioMetrics(
         samples_per_s=samples,
         tokens_per_s=samples.mean * seq_len,
         step_time_median_s=statistics.median(per_step),
         step_time_p90_s=percentile(per_step, 90),
-        peak_mem_mib=max(r["peak_mem_mib"] for r in ranks),
-        model_state_bytes_per_rank=max(r["model_state"]["total"] for r in ranks),
-        per_rank=[_rank_row(r, global_batch) for r in ranks],
+        peak_mem_mib=0.0,
+        model_state_bytes_per_rank=0,
+        per_rank=[],
         step_times_s=per_step,
     )
 

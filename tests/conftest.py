@@ -11,8 +11,8 @@ import pytest
 pytest_plugins = ["pytester"]
 
 #: A BERT small enough that a 2-rank torchrun run takes a few seconds on 2 cores.
-TINY = 'ModelSpec("bert", layers=1, hidden=32, heads=2, vocab=512, max_positions=32)'
-TINY_SHAPE = "world_size=2, micro_batch=2, global_batch=4, seq_len=16, warmup_steps=1, steps=3"
+TINY = 'ModelSpec("bert", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)'
+TINY_SHAPE = "world_size=2, micro_batch=8, global_batch=16, seq_len=32, warmup_steps=1, steps=4"
 
 
 def bench_module(scenarios: str, imports: str = "") -> str:

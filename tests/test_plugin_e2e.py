@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 import time
 
@@ -62,9 +63,9 @@ def test_results_file_follows_the_contract(project: pytest.Pytester) -> None:
     for key in ("model", "precision", "strategy", "world_size", "micro_batch", "global_batch", "seq_len", "steps"):
         assert key in config
     metrics = result["metrics"]
-    assert set(metrics["samples_per_s"]) == {"mean", "std", "n"} and metrics["samples_per_s"]["n"] == 3
+    assert set(metrics["samples_per_s"]) == {"mean", "std", "n"} and metrics["samples_per_s"]["n"] == 4
     assert set(metrics["step_time_s"]) == {"median", "p90"}
-    assert metrics["tokens_per_s"] == pytest.approx(metrics["samples_per_s"]["mean"] * 16)
+    assert metrics["tokens_per_s"] == pytest.approx(metrics["samples_per_s"]["mean"] * 32)
     assert metrics["peak_mem_mib"] > 0 and metrics["model_state_bytes_per_rank"] > 0
     assert doc["machine"]["runtime"]["torch"]
 
@@ -193,3 +194,21 @@ def test_hooks_choose_profile_and_add_metrics(project: pytest.Pytester) -> None:
     run(project, "--perf-update-baselines", f"--perf-json={out}").assert_outcomes(passed=1)
     assert (project.path / "baselines" / "lab-box" / "tiny.json").exists()
     assert json.loads(out.read_text())["results"][0]["metrics"]["extra"] == {"loss_last": True}
+
+
+def test_planted_slowdown_fails_after_confirmation(project: pytest.Pytester) -> None:
+    project.makepyfile(test_bench=bench_module(f'Scenario("tiny", "fp32", TINY, {TINY_SHAPE}),'))
+    run(project, "--perf-update-baselines").assert_outcomes(passed=1)
+    # 4x the work per step: far beyond the cpu profile's 40% tolerance.
+    result = run(project, "--perf-inject-slowdown=300")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*tiny.fp32: regression: samples_per_s*confirmed by 1 fresh measurement*"])
+
+
+def test_calibrate_command_writes_tolerances(project: pytest.Pytester) -> None:
+    project.makepyfile(test_bench=bench_module(ONE))
+    result = project.run(sys.executable, "-m", "perfsuite", "calibrate", "test_bench.py", "--repeats", "2")
+    assert result.ret == 0, result.stdout.str()
+    entry = json.loads(baseline_path(project).read_text())["scenarios"]["tiny.fp32"]
+    assert set(entry["tolerances"]) == {"samples_per_s", "peak_mem_mib", "model_state_bytes_per_rank"}
+    assert entry["calibration"]["repeats"] == 2

@@ -54,11 +54,10 @@ class Trainer:
         batches: Sequence[Mapping[str, torch.Tensor]],
         scenario: Mapping[str, Any],
         ctx: WorkerContext,
-        slowdown: float,
     ) -> None:
         self.strategy, self.batches, self.ctx = strategy, batches, ctx
         self.accum = scenario["grad_accum"]
-        self.slowdown = slowdown
+        self.burn_s = 0.0  # planted extra work per step, set once warmup knows a step's cost
         self.step_index = 0
         self.loss = torch.zeros(())
 
@@ -73,8 +72,8 @@ class Trainer:
             state = count_state_bytes(self.strategy.state_tensors())
         self.strategy.optimizer_step()
         self.ctx.synchronize()
-        if self.slowdown:
-            burn(self.slowdown * (time.perf_counter() - start), self.ctx)
+        if self.burn_s:
+            burn(self.burn_s, self.ctx)
         self.step_index += 1
         return time.perf_counter() - start, state
 
@@ -94,15 +93,27 @@ def train(
     ``settings["steady_threshold"]``. Model state is counted on the last step
     after backward and before the optimizer step, when gradients and optimizer
     states coexist.
+
+    A planted slowdown (``slowdown_pct``) adds a fixed amount of device work
+    to every step after the first warmup steps: that percentage of their
+    median (slowest-rank) time. A fixed amount, because burning a share of each
+    step's own time would feed back through the ranks' waits on each other.
     """
-    trainer = Trainer(strategy, batches, scenario, ctx, settings.get("slowdown_pct", 0.0) / 100)
+    trainer = Trainer(strategy, batches, scenario, ctx)
+    slowdown = settings.get("slowdown_pct", 0.0) / 100
+    minimum, threshold = scenario["warmup_steps"], settings.get("steady_threshold", 0.1)
     warmup: list[float] = []
-    threshold = settings.get("steady_threshold", 0.1)
+    settle_from = 0  # steady-state is judged on steps with the final per-step work
     while len(warmup) < scenario["max_warmup_steps"]:
-        if len(warmup) >= scenario["warmup_steps"] and settled(warmup, threshold):
+        if len(warmup) >= minimum and settled(warmup[settle_from:], threshold):
             break
         reporter.phase(f"warmup step {len(warmup)}")
         warmup.append(slowest_rank(trainer.step()[0], ctx))
+        if slowdown and not trainer.burn_s and len(warmup) >= max(1, minimum):
+            trainer.burn_s = slowdown * statistics.median(warmup)
+            settle_from = len(warmup)
+    if slowdown and not trainer.burn_s:  # no warmup allowed: one reference step
+        trainer.burn_s = slowdown * slowest_rank(trainer.step()[0], ctx)
     times: list[float] = []
     losses: list[float] = []
     state: dict[str, int] = {}

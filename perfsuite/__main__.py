@@ -1,0 +1,72 @@
+"""Command line: ``python -m perfsuite calibrate|selftest``.
+
+``selftest`` proves the gate on this runner: it runs the selected scenarios
+against their committed baselines ``--trials`` times at each planted slowdown
+(``--perf-inject-slowdown``, real extra device work per step) and prints how
+often the gate failed. The 0% row is the false-alarm rate.
+
+``calibrate`` runs the selected scenarios N times with fresh workers and
+writes into their baselines the metric values and recommended tolerances (3
+sigma of the spread between launches), which later runs then use. It is
+``pytest <paths> --perf-calibrate --perf-repeats N``, with this machine's
+profile and any further pytest arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="perfsuite", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    calibrate = commands.add_parser("calibrate", help="measure repeatedly and write recommended tolerances")
+    calibrate.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
+    calibrate.add_argument("-k", dest="keyword", help="pytest -k expression selecting scenarios")
+    calibrate.add_argument("--repeats", type=int, default=10, help="fresh launches per scenario (default 10)")
+    selftest = commands.add_parser("selftest", help="measure the gate's detection and false-alarm rates")
+    selftest.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
+    selftest.add_argument("-k", dest="keyword", required=True, help="pytest -k expression (one scenario is best)")
+    selftest.add_argument("--levels", default="0,25,50,100", help="slowdowns in %% (default 0,25,50,100)")
+    selftest.add_argument("--trials", type=int, default=10, help="runs per level (default 10)")
+    return parser
+
+
+def calibrate_args(ns: argparse.Namespace, extra: list[str]) -> list[str]:
+    if ns.repeats < 2:
+        raise SystemExit("perfsuite calibrate: --repeats must be >= 2 to measure a spread")
+    args = [*ns.paths, "--perf-calibrate", f"--perf-repeats={ns.repeats}", "-p", "no:cacheprovider"]
+    if ns.keyword:
+        args += ["-k", ns.keyword]
+    return args + extra
+
+
+def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
+    """Each trial is a fresh pytest process, as a CI job would be."""
+    levels = [float(x) for x in ns.levels.split(",")]
+    for level in levels:
+        caught = 0
+        for _ in range(ns.trials):
+            cmd = [sys.executable, "-m", "pytest", *ns.paths, "-k", ns.keyword, "-q", "-p", "no:cacheprovider",
+                   f"--perf-inject-slowdown={level}", *extra]  # fmt: skip
+            code = subprocess.run(cmd, capture_output=True, check=False).returncode
+            if code not in (0, 1):
+                raise SystemExit(f"perfsuite selftest: pytest exited {code} (not pass/fail): {' '.join(cmd)}")
+            caught += code == 1
+        print(f"slowdown {level:5.0f}%  throughput -{level / (100 + level):.0%}  failed {caught}/{ns.trials}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns, extra = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    if ns.command == "selftest":
+        return selftest(ns, extra)
+    import pytest
+
+    return int(pytest.main(calibrate_args(ns, extra)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Verdict logic of a session (issue: trustworthy verdicts), driven by a fake
+launcher that returns canned per-rank reports, so each case is exact and fast."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from perfsuite import ModelSpec, Scenario
+from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
+from perfsuite.profiles import CPU
+from perfsuite.session import PerfSession, RunSettings
+
+SCENARIO = Scenario("g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=2,
+                    global_batch=4, seq_len=16, steps=5)  # fmt: skip
+FINGERPRINT = {"gpus": [], "gpu_count": 0, "packages": {"torch": "2.13.0"}}
+
+
+class FakeLauncher(Launcher):
+    """Each launch returns the next list of step times (same on both ranks)."""
+
+    name = "fake"
+
+    def __init__(self, launches: Sequence[Sequence[float]]) -> None:
+        self.launches: Iterator[Sequence[float]] = iter(launches)
+        self.count = 0
+
+    def run(self, job: WorkerJob) -> LaunchOutcome:
+        self.count += 1
+        times = list(next(self.launches))
+        reports = [
+            {"rank": r, "status": "ok", "step_times_s": times, "peak_mem_mib": 100.0, "steady_state_start": 2,
+             "model_state": {"params": 1, "grads": 1, "optimizer": 2, "total": 4}, "runtime": {"torch": "2.13.0"}}
+            for r in (0, 1)
+        ]  # fmt: skip
+        return LaunchOutcome("ok", reports)
+
+
+STEADY = [0.100, 0.101, 0.099, 0.100, 0.100]  # 40 samples/s, CV under 1%
+SLOW = [t * 2 for t in STEADY]  # half the throughput
+NOISY = [0.05, 0.4, 0.06, 0.5, 0.05]
+
+
+def session(tmp_path: Path, launches: Sequence[Sequence[float]], fingerprint: dict | None = None,
+            **settings: object) -> tuple[PerfSession, FakeLauncher]:  # fmt: skip
+    launcher = FakeLauncher(launches)
+    run = RunSettings(profile=CPU, baselines_dir=tmp_path / "baselines", workdir=tmp_path, **settings)  # type: ignore[arg-type]
+    return PerfSession(run, fingerprint or FINGERPRINT, launcher), launcher
+
+
+def record(tmp_path: Path, *launches: Sequence[float], **settings: object) -> None:
+    perf, _ = session(tmp_path, launches, update_baselines=True, **settings)
+    assert perf.run(SCENARIO).verdict == "recorded"
+
+
+def test_planted_slowdown_fails_after_its_confirmation(tmp_path: Path) -> None:
+    record(tmp_path, STEADY)
+    perf, launcher = session(tmp_path, [SLOW, SLOW])
+    result = perf.run(SCENARIO)
+    assert result.verdict == "regression" and launcher.count == 2
+    assert [a["verdict"] for a in result.attempts] == ["regression", "regression"]
+    assert "confirmed by 1 fresh measurement" in result.judgement.message
+    (check,) = [c for c in result.judgement.checks if c.metric == "samples_per_s"]
+    assert check.p_value is not None and check.p_value < 0.05
+
+
+def test_noisy_outlier_that_does_not_reproduce_passes(tmp_path: Path) -> None:
+    record(tmp_path, STEADY)
+    perf, launcher = session(tmp_path, [SLOW, STEADY])
+    result = perf.run(SCENARIO)
+    assert result.verdict == "pass" and launcher.count == 2
+    assert "did not reproduce it: treated as noise" in result.judgement.message
+    assert [a["verdict"] for a in result.attempts] == ["regression", "pass"]
+
+
+def test_without_confirmation_one_slow_run_fails(tmp_path: Path) -> None:
+    record(tmp_path, STEADY)
+    perf, launcher = session(tmp_path, [SLOW], confirm=0)
+    assert perf.run(SCENARIO).verdict == "regression" and launcher.count == 1
+
+
+def test_drop_beyond_tolerance_but_not_significant_passes(tmp_path: Path) -> None:
+    # Baseline and run are both noisy (throughput CV ~48%, just under the cpu
+    # limit) so a 44% lower mean is not significant with 5 steps each.
+    wide = [4 / x for x in (70, 25, 70, 25, 45)]
+    record(tmp_path, wide)
+    perf, _ = session(tmp_path, [[t * 1.8 for t in wide]], confirm=0)
+    result = perf.run(SCENARIO)
+    (check,) = [c for c in result.judgement.checks if c.metric == "samples_per_s"]
+    assert check.delta < -CPU.tolerances["samples_per_s"] and check.p_value > 0.05
+    assert result.verdict == "pass"
+
+
+def test_spread_over_the_limit_is_unreliable(tmp_path: Path) -> None:
+    record(tmp_path, STEADY)
+    perf, _ = session(tmp_path, [NOISY])
+    result = perf.run(SCENARIO)
+    assert result.verdict == "unreliable" and "CV" in result.judgement.message
+
+
+def test_repeats_pool_fresh_launches(tmp_path: Path) -> None:
+    perf, launcher = session(tmp_path, [STEADY, STEADY, SLOW], repeats=3)
+    result = perf.run(SCENARIO)
+    assert launcher.count == 3 and result.metrics is not None
+    assert result.metrics.samples_per_s.n == 15 and len(result.metrics.repeats) == 3
+    assert result.metrics.steady_state_start == 2
+
+
+def test_calibration_writes_tolerances_that_the_next_run_uses(tmp_path: Path) -> None:
+    # Four launches whose means spread ~5%: 3 sigma of a difference ~ 20%.
+    launches = [[t * f for t in STEADY] for f in (1.0, 1.05, 0.95, 1.02)]
+    record(tmp_path, *launches, repeats=4, calibrate=True)
+    entry = json.loads((tmp_path / "baselines" / "cpu" / "g.json").read_text())["scenarios"]["g.s"]
+    tolerance = entry["tolerances"]["samples_per_s"]
+    assert 0.1 < tolerance < 0.3 and tolerance != CPU.tolerances["samples_per_s"]
+    assert entry["calibration"]["repeats"] == 4
+    # 30% slower than the calibrated baseline: beyond ~20%, so a regression now,
+    # although the cpu profile's default (40%) would have let it through.
+    perf, _ = session(tmp_path, [[t * 1.3 for t in STEADY]] * 2)
+    result = perf.run(SCENARIO)
+    (check,) = [c for c in result.judgement.checks if c.metric == "samples_per_s"]
+    assert check.tolerance == tolerance and result.verdict == "regression"
+
+
+def test_stack_drift_is_named_next_to_the_verdict(tmp_path: Path) -> None:
+    record(tmp_path, STEADY)
+    newer = {**FINGERPRINT, "packages": {"torch": "2.14.0"}}
+    perf, _ = session(tmp_path, [STEADY], fingerprint=newer)
+    result = perf.run(SCENARIO)
+    assert result.verdict == "pass" and "torch 2.13.0 -> 2.14.0" in result.judgement.stack_changes
+
+
+def test_calibration_needs_repeats(tmp_path: Path) -> None:
+    perf, _ = session(tmp_path, [STEADY], calibrate=True)
+    with pytest.raises(Exception, match="at least 2 repeats"):
+        perf.run(SCENARIO)
