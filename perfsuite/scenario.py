@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, get_args
 
+from perfsuite.layout import LayoutError, ParallelLayout
+
 Precision = Literal["fp32", "fp16", "bf16"]
 Outcome = Literal["ok", "oom"]
 ModelFamily = Literal["bert", "gpt2", "megatron_gpt"]
@@ -150,6 +152,7 @@ class Scenario:
             _check_int(owner, "max_warmup_steps", self.max_warmup_steps, self.warmup_steps)
         if self.steps < 2:
             raise _fail(owner, "steps", f"must be >= 2 to report a spread, got {self.steps}")
+        self._validate_layout(owner)
         per_step = self.micro_batch * self.data_parallel_size
         if self.global_batch % per_step:
             raise _fail(
@@ -177,6 +180,23 @@ class Scenario:
         self._validate_strategy(owner)
         self._validate_variants(owner)
 
+    def _validate_layout(self, owner: str) -> None:
+        try:
+            layout = self.layout
+            if layout.pp > 1:
+                layout.check_layers(self.model.layers)
+            if layout.tp > 1:
+                layout.check_heads(self.model.heads, self.model.hidden, self.model.vocab)
+        except LayoutError as exc:
+            raise _fail(owner, "strategy_options", f"describes an invalid layout: {exc}") from None
+        if layout.pp > 1 and self.global_batch != self.micro_batch * layout.microbatches * layout.dp:
+            raise _fail(
+                owner,
+                "global_batch",
+                f"must be micro_batch x microbatches x dp = {self.micro_batch} x {layout.microbatches} "
+                f"x {layout.dp} for a pipeline, got {self.global_batch}",
+            )
+
     def _validate_strategy(self, owner: str) -> None:
         if not isinstance(self.strategy, str) or not self.strategy:
             raise _fail(owner, "strategy", "must be a non-empty string")
@@ -201,11 +221,14 @@ class Scenario:
 
     # -- resolution ---------------------------------------------------------
     @property
+    def layout(self) -> ParallelLayout:
+        """dp x tp x pp of this scenario (raises LayoutError if it cannot run)."""
+        return ParallelLayout.from_options(self.world_size, self.strategy_options)
+
+    @property
     def data_parallel_size(self) -> int:
         """Ranks that hold a data-parallel replica (world / (tp * pp))."""
-        tp = int(self.strategy_options.get("tp", 1))
-        pp = int(self.strategy_options.get("pp", 1))
-        return max(1, self.world_size // (tp * pp))
+        return self.layout.dp
 
     @property
     def warmup_limit(self) -> int:
@@ -242,6 +265,7 @@ class Scenario:
             "strategy": self.strategy,
             "strategy_options": dict(self.strategy_options),
             "world_size": self.world_size,
+            "layout": dataclasses.asdict(self.layout),
             "micro_batch": self.micro_batch,
             "global_batch": self.global_batch,
             "grad_accum": self.grad_accum,

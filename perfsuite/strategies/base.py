@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -46,7 +46,14 @@ class StrategyContext:
 
 
 class Strategy(ABC):
-    """One way of training a model across ranks."""
+    """One way of training a model across ranks.
+
+    ``pipelined`` strategies run all micro-batches of a step in one
+    :meth:`forward_backward` call (a pipeline schedule needs them together):
+    they receive one batch of ``micro_batch x grad_accum`` rows per step.
+    """
+
+    pipelined: ClassVar[bool] = False
 
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx

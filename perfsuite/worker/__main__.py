@@ -66,7 +66,8 @@ def run(job: dict[str, Any], ctx: WorkerContext, reporter: Reporter) -> dict[str
     torch.manual_seed(settings.get("seed", 0))
     reporter.phase("build")
     model = build_model(scenario).to(ctx.device)
-    batches = [synthetic_batch(scenario, ctx.device, seed=ctx.rank * 1000 + i) for i in range(BATCH_POOL)]
+    rows = scenario["micro_batch"] * (scenario["grad_accum"] if strategy_cls.pipelined else 1)
+    batches = [synthetic_batch(scenario, ctx.device, rows, seed=ctx.rank * 1000 + i) for i in range(BATCH_POOL)]
     reporter.phase("wrap")
     strategy = strategy_cls(sctx)
     strategy.setup(model)

@@ -56,7 +56,8 @@ class Trainer:
         ctx: WorkerContext,
     ) -> None:
         self.strategy, self.batches, self.ctx = strategy, batches, ctx
-        self.accum = scenario["grad_accum"]
+        # A pipelined strategy takes the whole step's batch in one call.
+        self.accum = 1 if strategy.pipelined else scenario["grad_accum"]
         self.burn_s = 0.0  # planted extra work per step, set once warmup knows a step's cost
         self.step_index = 0
         self.loss = torch.zeros(())

@@ -56,12 +56,12 @@ _BUILDERS = {"bert": _bert, "gpt2": _gpt2}
 
 
 def synthetic_batch(
-    spec: Mapping[str, Any], device: torch.device, seed: int
+    spec: Mapping[str, Any], device: torch.device, rows: int, seed: int
 ) -> dict[str, torch.Tensor]:
-    """One micro-batch of random tokens with the family's training labels."""
+    """``rows`` sequences of random tokens with the family's training labels."""
     m = spec["model"]
     gen = torch.Generator().manual_seed(seed)
-    shape = (spec["micro_batch"], spec["seq_len"])
+    shape = (rows, spec["seq_len"])
     input_ids = torch.randint(0, m["vocab"], shape, generator=gen)
     if m["family"] == "bert":
         # Masked-LM: predict 15% of positions, ignore the rest.
