@@ -27,8 +27,9 @@ Verdict = Literal[
     "skipped",
     "recorded",
     "unreliable",
+    "imbalance",
 ]
-FAILING: frozenset[str] = frozenset({"regression", "unexpected_oom", "unexpected_pass", "error"})
+FAILING: frozenset[str] = frozenset({"regression", "unexpected_oom", "unexpected_pass", "error", "imbalance"})
 #: One-sided significance level for "the drop is real".
 ALPHA = 0.05
 
@@ -170,3 +171,16 @@ def judge_metrics(
             tuple(checks),
         )
     return Judgement("pass", "within tolerance of baseline", tuple(checks))
+
+
+def judge_imbalance(metrics: ScenarioMetrics, limits: Mapping[str, float]) -> Judgement | None:
+    """A straggler rank or lopsided stage beyond the scenario's max/min limits."""
+    over = [
+        f"{name} max/min across ranks {metrics.imbalance(name):.2f} > limit {limit:.2f}"
+        for name, limit in limits.items()
+        if metrics.imbalance(name) > limit
+    ]
+    if not over:
+        return None
+    per_rank = ", ".join(f"rank {r['rank']}: {r['samples_per_s']:.3g}/s {r['peak_mem_mib']:.0f} MiB" for r in metrics.per_rank)
+    return Judgement("imbalance", "; ".join(over) + f" ({per_rank})")

@@ -17,7 +17,9 @@ from perfsuite import hookspecs
 from perfsuite.baselines import BaselineError
 from perfsuite.compare import FAILING, MetricCheck, check_metric
 from perfsuite.fingerprint import foreign_gpu_processes, machine_fingerprint
-from perfsuite.launch.local import LocalTorchrun
+from perfsuite.launch import Launcher
+from perfsuite.launch.slurm import SlurmLauncher
+from perfsuite.launch.torchrun import LocalTorchrun, Topology, TopologyError, TorchrunLauncher
 from perfsuite.profiles import HardwareProfile, ProfileError, ProfileRegistry, profile_for
 from perfsuite.relations import Relation, RelationOutcome
 from perfsuite.report import relation_lines, results_document, summary_lines, write_results
@@ -102,6 +104,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="self-test of the gate: workers do PCT%% more real device work per step",
     )
     group.addoption(
+        "--perf-launcher",
+        choices=("local", "torchrun", "slurm"),
+        default="local",
+        help="how workers start: one torchrun agent here (local), --perf-nnodes agents "
+        "rendezvousing at --perf-rdzv-endpoint (torchrun), or one agent per node via srun (slurm)",
+    )
+    group.addoption("--perf-nnodes", metavar="N", type=int, default=1, help="nodes (torchrun launcher)")
+    group.addoption(
+        "--perf-nproc-per-node", metavar="N", type=int, help="ranks per node (default: world_size / nodes)"
+    )
+    group.addoption(
+        "--perf-rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous endpoint (default: a free loopback port)"
+    )
+    group.addoption(
+        "--perf-local-agents",
+        metavar="N",
+        type=int,
+        help="torchrun agents to start on this host (default: all --perf-nnodes, i.e. one host)",
+    )
+    group.addoption(
         "--perf-calibrate",
         action="store_true",
         help="record baselines with tolerances derived from the spread between "
@@ -120,6 +142,12 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--perf-confirm must be >= 0, got {config.getoption('--perf-confirm')}")
     if config.getoption("--perf-inject-slowdown") < 0:
         raise pytest.UsageError("--perf-inject-slowdown must be a non-negative percentage")
+    for flag in ("--perf-nnodes", "--perf-nproc-per-node", "--perf-local-agents"):
+        value = config.getoption(flag)
+        if value is not None and value < 1:
+            raise pytest.UsageError(f"{flag} must be >= 1, got {value}")
+    if config.getoption("--perf-launcher") == "local" and config.getoption("--perf-nnodes") > 1:
+        raise pytest.UsageError("--perf-nnodes > 1 needs --perf-launcher=torchrun or slurm")
     if config.getoption("--perf-calibrate") and config.getoption("--perf-repeats") < 2:
         raise pytest.UsageError("--perf-calibrate needs --perf-repeats N with N >= 2 to see the spread")
     if config.getoption("--perf-profile"):
@@ -187,10 +215,27 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             calibrate=config.getoption("--perf-calibrate"),
         )
         _check_gpus_idle(config)
-        config.stash[SESSION_KEY] = PerfSession(
-            settings, _fingerprint(config), LocalTorchrun(), _compare(config)
-        )
+        config.stash[SESSION_KEY] = PerfSession(settings, _fingerprint(config), _launcher(config), _compare(config))
     return config.stash[SESSION_KEY]
+
+
+def _launcher(config: pytest.Config) -> Launcher:
+    kind = config.getoption("--perf-launcher")
+    nproc = config.getoption("--perf-nproc-per-node")
+    try:
+        if kind == "slurm":
+            return SlurmLauncher.from_env(nproc)
+    except TopologyError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if kind == "local":
+        return LocalTorchrun()
+    topology = Topology(
+        nnodes=config.getoption("--perf-nnodes"),
+        nproc_per_node=nproc,
+        rdzv_endpoint=config.getoption("--perf-rdzv-endpoint"),
+        local_agents=config.getoption("--perf-local-agents"),
+    )
+    return TorchrunLauncher(topology)
 
 
 def _check_gpus_idle(config: pytest.Config) -> None:

@@ -36,6 +36,8 @@ class HardwareProfile:
     rank_memory_budget_mib: int | None = None
     #: cuda: usable device memory per rank, to emulate a smaller card.
     device_memory_cap_mib: int | None = None
+    #: Most ranks a scenario may use here (None: bounded by GPUs instead).
+    max_world_size: int | None = None
     #: Max coefficient of variation of per-step samples/s before a run is
     #: judged ``unreliable`` rather than pass or regression.
     max_cv: float = 0.05
@@ -81,6 +83,7 @@ CPU = HardwareProfile(
     tolerances=CPU_TOLERANCES,
     timeout_s=600.0,
     steady_threshold=0.25,
+    max_world_size=4,  # ranks share 2 cores: more would measure the scheduler
     # Tiny CPU steps take milliseconds to a second; a CV of 15-40% is normal
     # on a shared 2-core machine, so only chaos is called unreliable.
     max_cv=0.5,

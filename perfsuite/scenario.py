@@ -120,13 +120,16 @@ class Scenario:
     steps: int = 10
     lr: float = 1e-4
     tolerances: Mapping[str, float] = field(default_factory=dict)
+    #: Limits on max/min across ranks, e.g. {"peak_mem_mib": 1.5}: a straggler
+    #: or a lopsided pipeline stage fails the scenario.
+    max_imbalance: Mapping[str, float] = field(default_factory=dict)
     expect: Mapping[str, Outcome] = field(default_factory=dict)
     variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     timeout_s: float | None = None
     reference: str = ""  # which published row this reproduces
 
     def __post_init__(self) -> None:
-        for name in ("strategy_options", "tolerances", "expect", "variants"):
+        for name in ("strategy_options", "tolerances", "max_imbalance", "expect", "variants"):
             object.__setattr__(self, name, _frozen_mapping(getattr(self, name)))
         self._validate()
 
@@ -170,6 +173,11 @@ class Scenario:
                 raise _fail(owner, "tolerances", f"names unknown metric {metric!r}")
             if not isinstance(tol, (int, float)) or not 0 <= tol < 1:
                 raise _fail(owner, "tolerances", f"[{metric!r}] must be in [0, 1), got {tol!r}")
+        for metric, limit in self.max_imbalance.items():
+            if metric not in ("samples_per_s", "peak_mem_mib"):
+                raise _fail(owner, "max_imbalance", f"names {metric!r}; use samples_per_s or peak_mem_mib")
+            if not isinstance(limit, (int, float)) or limit < 1:
+                raise _fail(owner, "max_imbalance", f"[{metric!r}] must be a ratio >= 1, got {limit!r}")
         for key, outcome in self.expect.items():
             if outcome not in OUTCOMES:
                 raise _fail(owner, "expect", f"[{key!r}] must be one of {OUTCOMES}, got {outcome!r}")

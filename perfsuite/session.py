@@ -20,12 +20,15 @@ from perfsuite.compare import (
     Judgement,
     MetricCheck,
     check_metric,
+    judge_imbalance,
     judge_metrics,
     judge_outcome,
     resolve_tolerances,
 )
 from perfsuite.fingerprint import stack_changes
+from perfsuite.flops import mfu
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
+from perfsuite.launch.torchrun import TopologyError
 from perfsuite.profiles import HardwareProfile
 from perfsuite.relations import Relation, RelationOutcome, evaluate
 from perfsuite.scenario import Scenario
@@ -88,6 +91,8 @@ class ScenarioResult:
     extra_metrics: dict[str, Any] = field(default_factory=dict)
     #: Every measurement taken (first, then confirmations) with its verdict.
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: Launcher, nodes and ranks per node this result was measured with.
+    launch_info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -110,6 +115,7 @@ class ScenarioResult:
             "checks": [{**c.__dict__, "delta": c.delta} for c in self.judgement.checks],
             "stack_changes": list(self.judgement.stack_changes),
             "attempts": self.attempts,
+            "launch": self.launch_info,
             "failure": failure.__dict__ if failure else None,
             "wall_s": self.launch.wall_s if self.launch else 0.0,
         }
@@ -131,6 +137,7 @@ class PerfSession:
         self.results: dict[str, ScenarioResult] = {}
         self.relations: dict[str, RelationOutcome] = {}
         self.runtime: dict[str, Any] = {}  # rank 0's torch/CUDA/NCCL builds, once seen
+        self.nodes: dict[str, dict[str, Any]] = {}  # host -> ranks seen there and its runtime
         self._workroot = settings.workdir or Path(tempfile.mkdtemp(prefix="perfsuite-"))
 
     @property
@@ -138,7 +145,34 @@ class PerfSession:
         return self.settings.profile
 
     def current_fingerprint(self) -> dict[str, Any]:
-        return {**self.fingerprint, "runtime": self.runtime}
+        fingerprint = {**self.fingerprint, "runtime": self.runtime}
+        if len(self.nodes) > 1:
+            fingerprint["nodes"] = self.nodes
+        return fingerprint
+
+    def _note_nodes(self, outcome: LaunchOutcome) -> None:
+        """Remember each node's runtime (reported by its local rank 0)."""
+        for report in outcome.reports:
+            host, runtime = report.get("host", ""), report.get("runtime")
+            node = self.nodes.setdefault(host, {"ranks": []})
+            if report["rank"] not in node["ranks"]:
+                node["ranks"].append(report["rank"])
+            if runtime:
+                node["runtime"] = runtime
+                if report["rank"] == 0:
+                    self.runtime = runtime
+
+    def launch_info(self, measurement: Measurement | None = None) -> dict[str, Any]:
+        topology = getattr(self.launcher, "topology", None)
+        ranks = measurement.outcome.reports if measurement else []
+        per_host: dict[str, int] = {}
+        for report in ranks:
+            per_host[report.get("host", "")] = per_host.get(report.get("host", ""), 0) + 1
+        return {
+            "launcher": self.launcher.name,
+            "nnodes": topology.nnodes if topology else 1,
+            "ranks_per_host": per_host,
+        }
 
     # -- scenarios ------------------------------------------------------------
     def run(self, scenario: Scenario) -> ScenarioResult:
@@ -172,17 +206,37 @@ class PerfSession:
             judgement = _confirmed(judgement, attempts)
         result = ScenarioResult(
             scenario, measurement.status, judgement, measurement.metrics, baseline, measurement.outcome,
-            attempts=attempts,
+            attempts=attempts, launch_info=self.launch_info(measurement),
         )  # fmt: skip
+        result.extra_metrics.update(self._mfu(scenario, measurement))
         if (self.settings.update_baselines or self.settings.calibrate) and measurement.status in ("ok", "oom"):
             result.judgement = self._record(scenario, result)
         return result
 
+    def _mfu(self, scenario: Scenario, measurement: Measurement) -> dict[str, Any]:
+        if self.profile.device != "cuda" or measurement.metrics is None or not self.fingerprint.get("gpus"):
+            return {}
+        value = mfu(scenario.to_config(), measurement.metrics.step_time_median_s, self.fingerprint["gpus"][0]["name"])
+        return {"mfu": value} if value else {}
+
     def _precondition(self, scenario: Scenario) -> str:
+        """Why this scenario cannot run here, or "" if it can."""
+        topology = getattr(self.launcher, "topology", None)
+        if self.profile.max_world_size and scenario.world_size > self.profile.max_world_size:
+            return (
+                f"needs {scenario.world_size} ranks; profile {self.profile.name} runs at most "
+                f"{self.profile.max_world_size} (one machine's cores)"
+            )
         if self.profile.device == "cuda":
-            gpus = self.fingerprint.get("gpu_count", 0)
+            nodes = topology.nnodes if topology else 1
+            gpus = self.fingerprint.get("gpu_count", 0) * nodes
             if scenario.world_size > gpus:
-                return f"needs {scenario.world_size} GPUs, this machine has {gpus}"
+                return f"needs {scenario.world_size} GPUs, {nodes} node(s) here have {gpus}"
+        if topology is not None:
+            try:
+                topology.ranks_per_node(scenario.world_size)
+            except TopologyError as exc:
+                return str(exc)
         return ""
 
     def _measure(self, scenario: Scenario) -> Measurement:
@@ -191,8 +245,7 @@ class PerfSession:
         for _ in range(self.settings.repeats):
             outcome = self.launcher.run(self._job(scenario))
             launches.append(outcome)
-            if outcome.reports:
-                self.runtime = outcome.reports[0].get("runtime") or self.runtime
+            self._note_nodes(outcome)
             if outcome.status != "ok":
                 return Measurement(tuple(launches), None)
             runs.append(aggregate(outcome.reports, scenario.global_batch, scenario.seq_len))
@@ -213,7 +266,9 @@ class PerfSession:
                 "seed": 0,
             },
         }
-        return WorkerJob(spec, scenario.world_size, timeout, workdir, self.settings.worker_env)
+        topology = getattr(self.launcher, "topology", None)
+        per_node = topology.ranks_per_node(scenario.world_size) if topology else None
+        return WorkerJob(spec, scenario.world_size, timeout, workdir, self.settings.worker_env, per_node)
 
     # -- judgement ------------------------------------------------------------
     def _judge(self, scenario: Scenario, measurement: Measurement, baseline: BaselineEntry | None) -> Judgement:
@@ -237,6 +292,8 @@ class PerfSession:
             )
         tolerances = resolve_tolerances(self.profile.tolerances, scenario.tolerances, baseline)
         judgement = judge_metrics(metrics, baseline, tolerances, self.compare)
+        if judgement.verdict != "regression":
+            judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
         return Judgement(judgement.verdict, judgement.message, judgement.checks, changes)
 
     # -- baselines ------------------------------------------------------------

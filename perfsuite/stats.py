@@ -59,6 +59,11 @@ class ScenarioMetrics:
     health: list[dict[str, Any]] = field(default_factory=list)  # per rank, first repeat
     repeats: list[dict[str, Any]] = field(default_factory=list)  # one summary per launch
 
+    def imbalance(self, name: str) -> float:
+        """max / min across ranks of a per-rank figure (1.0 = balanced)."""
+        values = [float(rank[name]) for rank in self.per_rank]
+        return max(values) / min(values) if values and min(values) > 0 else 1.0
+
     def metric(self, name: str) -> float:
         """Scalar value of a gated metric, as compared with a baseline."""
         if name == "samples_per_s":
@@ -144,6 +149,7 @@ def _rank_row(report: Mapping[str, Any], global_batch: int) -> dict[str, Any]:
     times = report["step_times_s"]
     return {
         "rank": report["rank"],
+        "host": report.get("host", ""),
         "samples_per_s": global_batch / statistics.fmean(times),
         "peak_mem_mib": report["peak_mem_mib"],
         "memory": report.get("memory", {}),

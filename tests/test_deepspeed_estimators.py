@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from perfsuite.launch.base import WorkerJob
-from perfsuite.launch.local import LocalTorchrun
+from perfsuite.launch.torchrun import LocalTorchrun
 from perfsuite.scenario import ModelSpec, Scenario
 
 WORLD = 2

@@ -38,6 +38,12 @@ class WorkerJob:
     timeout_s: float
     workdir: Path
     env: Mapping[str, str] = field(default_factory=dict)
+    nproc_per_node: int | None = None  # ranks per node (default: all on one node)
+
+    def node_of(self, rank: int) -> tuple[int, int]:
+        """(node, local rank) of a global rank."""
+        per_node = self.nproc_per_node or self.world_size
+        return rank // per_node, rank % per_node
 
     @property
     def spec_path(self) -> Path:
@@ -99,10 +105,14 @@ def read_phase(job: WorkerJob, rank: int) -> str:
     return path.read_text().strip() if path.exists() else "startup"
 
 
-def stderr_tail(job: WorkerJob, rank: int, local_rank: int | None = None) -> str:
-    """Last lines of a rank's stderr as torchrun redirected it."""
-    local = rank if local_rank is None else local_rank
-    files = sorted(job.logs_dir.glob(f"*/attempt_*/{local}/stderr.log"))
+def _stderr_files(job: WorkerJob, rank: int) -> list[Path]:
+    node, local = job.node_of(rank)
+    return sorted((job.logs_dir / f"node{node}").glob(f"*/attempt_*/{local}/stderr.log"))
+
+
+def stderr_tail(job: WorkerJob, rank: int) -> str:
+    """Last lines of a rank's stderr as its node's torchrun agent redirected it."""
+    files = _stderr_files(job, rank)
     if not files:
         return "(no stderr captured)"
     lines = files[-1].read_text(errors="replace").splitlines()
@@ -173,7 +183,7 @@ def hung_rank(job: WorkerJob, candidates: Sequence[int]) -> int:
 
 
 def _full_stderr(job: WorkerJob, rank: int) -> str:
-    files = sorted(job.logs_dir.glob(f"*/attempt_*/{rank}/stderr.log"))
+    files = _stderr_files(job, rank)
     return files[-1].read_text(errors="replace") if files else ""
 
 

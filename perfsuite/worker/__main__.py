@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import gc
 import json
+import platform
 import signal
 import sys
 import traceback
@@ -74,7 +75,8 @@ def run(job: dict[str, Any], ctx: WorkerContext, reporter: Reporter) -> dict[str
     del model  # the strategy holds what it needs; a stray reference skews memory
     result = train(strategy, batches, scenario, ctx, reporter, settings)
     reporter.phase("report")
-    return {**result, "runtime": runtime_fingerprint() if ctx.rank == 0 else {}}
+    # Each node's first rank describes its node, so the fingerprint covers every node.
+    return {**result, "host": platform.node(), "runtime": runtime_fingerprint() if ctx.local_rank == 0 else {}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,74 @@
+"""Slurm: inside an allocation, one torchrun agent per node started by ``srun``.
+
+The rendezvous endpoint is the allocation's first node. The job folder (spec,
+reports, logs) must be on a filesystem every node sees, e.g. set
+``--basetemp`` to a shared path. ``srun --kill-on-bad-exit`` ends every node's
+agent when one fails; killing srun on timeout makes Slurm signal the remote
+steps, so no rank outlives the run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Mapping
+
+from perfsuite.launch.base import WorkerJob
+from perfsuite.launch.torchrun import Topology, TopologyError, TorchrunLauncher
+
+RDZV_PORT = 29400  # torchrun's conventional c10d port
+
+
+def first_host(nodelist: str, expand: Callable[[str], list[str]] | None = None) -> str:
+    """First hostname of a Slurm nodelist (``node[01-04]`` -> ``node01``)."""
+    hosts = (expand or _scontrol_hostnames)(nodelist)
+    if not hosts:
+        raise TopologyError(f"empty Slurm nodelist {nodelist!r}")
+    return hosts[0]
+
+
+def _scontrol_hostnames(nodelist: str) -> list[str]:
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def topology_from_env(
+    env: Mapping[str, str], nproc_per_node: int | None = None, expand: Callable[[str], list[str]] | None = None
+) -> Topology:
+    """Nodes, ranks per node and endpoint from the allocation's environment."""
+    if "SLURM_JOB_ID" not in env:
+        raise TopologyError("--perf-launcher=slurm must run inside a Slurm allocation (SLURM_JOB_ID is unset)")
+    nnodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES", "1"))
+    per_node = nproc_per_node or int(env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_NTASKS_PER_NODE") or 1)
+    host = first_host(env["SLURM_JOB_NODELIST"], expand)
+    return Topology(nnodes=nnodes, nproc_per_node=per_node, rdzv_endpoint=f"{host}:{RDZV_PORT}", local_agents=1)
+
+
+class SlurmLauncher(TorchrunLauncher):
+    name = "slurm"
+
+    @classmethod
+    def from_env(cls, nproc_per_node: int | None = None) -> SlurmLauncher:
+        return cls(topology_from_env(os.environ, nproc_per_node))
+
+    def commands(self, job: WorkerJob, endpoint: str, run_id: str) -> list[list[str]]:
+        # One srun step, one task per node; each task is that node's agent.
+        # Every agent logs under logs/node$SLURM_NODEID, expanded on its node.
+        agent = self.agent_command(job, endpoint, run_id, node=0)
+        log_dir = agent.index("--log-dir") + 1
+        agent[log_dir] = str(job.logs_dir / "node") + "$SLURM_NODEID"
+        inner = " ".join(_quote(a) for a in agent).replace(_quote(agent[log_dir]), f'"{agent[log_dir]}"')
+        return [[
+            "srun", f"--nodes={self.topology.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+            "--export=ALL", "bash", "-c", inner,
+        ]]  # fmt: skip
+
+    def endpoint(self) -> str:
+        assert self.topology.rdzv_endpoint is not None  # from_env always sets it
+        return self.topology.rdzv_endpoint
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)

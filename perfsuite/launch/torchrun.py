@@ -1,0 +1,119 @@
+"""Launch through PyTorch's elastic launcher (torchrun).
+
+One torchrun agent per node; agents rendezvous through a c10d endpoint. The
+``local`` launcher is one agent on this machine. ``torchrun`` with ``nnodes >
+1`` starts ``local_agents`` of the agents here: all of them to emulate several
+nodes on one host (the loopback test), or one per host when each node runs its
+own pytest. Each agent logs under ``logs/node<i>``, so a global rank maps to
+its node and local rank for the stderr tail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+from perfsuite.launch.base import Launcher, LaunchOutcome, WorkerJob, classify
+from perfsuite.launch.procs import TOKEN_VAR, dump_worker_stacks, kill_tagged
+
+
+class TopologyError(ValueError):
+    """The requested nodes x ranks do not match the scenario."""
+
+
+def free_port() -> int:
+    """A TCP port free right now on loopback, for this run's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Topology:
+    nnodes: int = 1
+    nproc_per_node: int | None = None  # default: world_size / nnodes
+    rdzv_endpoint: str | None = None  # default: a free loopback port (single host)
+    local_agents: int | None = None  # agents started here; default: all nnodes
+
+    def ranks_per_node(self, world_size: int) -> int:
+        per_node = self.nproc_per_node or world_size // self.nnodes
+        if per_node * self.nnodes != world_size:
+            raise TopologyError(
+                f"{self.nnodes} node(s) x {per_node} rank(s) per node != world_size {world_size}; "
+                "adjust --perf-nnodes / --perf-nproc-per-node"
+            )
+        return per_node
+
+    @property
+    def agents_here(self) -> int:
+        return self.local_agents if self.local_agents is not None else self.nnodes
+
+
+class TorchrunLauncher(Launcher):
+    name = "torchrun"
+
+    def __init__(self, topology: Topology | None = None) -> None:
+        self.topology = topology or Topology()
+
+    def agent_command(self, job: WorkerJob, endpoint: str, run_id: str, node: int) -> list[str]:
+        """``python -m torch.distributed.run ...`` for the agent of one node."""
+        return [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", str(self.topology.nnodes),
+            "--nproc-per-node", str(self.topology.ranks_per_node(job.world_size)),
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", endpoint,
+            "--rdzv-id", run_id,
+            "--max-restarts", "0",
+            "--log-dir", str(job.logs_dir / f"node{node}"),
+            "--redirects", "3",
+            "-m", "perfsuite.worker", str(job.spec_path),
+        ]  # fmt: skip
+
+    def commands(self, job: WorkerJob, endpoint: str, run_id: str) -> list[list[str]]:
+        return [self.agent_command(job, endpoint, run_id, node) for node in range(self.topology.agents_here)]
+
+    def endpoint(self) -> str:
+        return self.topology.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+
+    def run(self, job: WorkerJob) -> LaunchOutcome:
+        token = uuid.uuid4().hex
+        job.reports_dir.mkdir(parents=True, exist_ok=True)
+        job.spec_path.write_text(json.dumps(dict(job.spec), indent=2))
+        env = {**os.environ, **job.env, TOKEN_VAR: token}
+        start = time.monotonic()
+        deadline = start + job.timeout_s
+        procs: list[subprocess.Popen[bytes]] = []
+        timed_out = False
+        try:
+            for node, cmd in enumerate(self.commands(job, self.endpoint(), token)):
+                with open(job.workdir / f"agent{node}.log", "wb") as log:
+                    procs.append(
+                        subprocess.Popen(
+                            cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                        )  # fmt: skip
+                    )
+            for proc in procs:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            dump_worker_stacks(token)
+        finally:
+            # Always sweep: even a clean exit may leave a daemonised helper.
+            for proc in procs:
+                kill_tagged(token, proc.pid)
+                proc.wait()
+        return classify(job, timed_out, time.monotonic() - start)
+
+
+class LocalTorchrun(TorchrunLauncher):
+    """One torchrun agent with all ranks on this machine."""
+
+    name = "local"

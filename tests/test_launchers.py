@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_SHAPE, bench_module
+from perfsuite.launch.base import WorkerJob
+from perfsuite.launch.slurm import SlurmLauncher, first_host, topology_from_env
+from perfsuite.launch.torchrun import Topology, TopologyError, TorchrunLauncher
+
+ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "8", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+
+
+def expand(nodelist: str) -> list[str]:
+    assert nodelist == "gpu[07-08]"
+    return ["gpu07", "gpu08"]
+
+
+def test_slurm_topology_comes_from_the_allocation() -> None:
+    topology = topology_from_env(ENV, expand=expand)
+    assert topology == Topology(nnodes=2, nproc_per_node=8, rdzv_endpoint="gpu07:29400", local_agents=1)
+    assert first_host("n1", expand=lambda _: ["n1"]) == "n1"
+
+
+def test_slurm_outside_an_allocation_is_a_clear_error() -> None:
+    with pytest.raises(TopologyError, match="inside a Slurm allocation"):
+        topology_from_env({})
+
+
+def test_slurm_starts_one_torchrun_agent_per_node(tmp_path: Path) -> None:
+    launcher = SlurmLauncher(topology_from_env(ENV, expand=expand))
+    job = WorkerJob(spec={}, world_size=16, timeout_s=60, workdir=tmp_path)
+    (cmd,) = launcher.commands(job, launcher.endpoint(), "run1")
+    assert cmd[:5] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--export=ALL"]
+    assert cmd[5:7] == ["bash", "-c"]
+    inner = cmd[7]
+    words = shlex.split(inner)
+    assert words[1:3] == ["-m", "torch.distributed.run"]
+    for flag, value in (("--nnodes", "2"), ("--nproc-per-node", "8"), ("--rdzv-backend", "c10d"),
+                        ("--rdzv-endpoint", "gpu07:29400"), ("--rdzv-id", "run1")):  # fmt: skip
+        assert words[words.index(flag) + 1] == value
+    # Each node's agent logs under logs/node<SLURM_NODEID>, expanded on that node.
+    assert f'"{tmp_path / "logs" / "node"}$SLURM_NODEID"' in inner
+    assert words[-3:] == ["-m", "perfsuite.worker", str(job.spec_path)]
+
+
+def test_world_size_must_split_over_nodes() -> None:
+    with pytest.raises(TopologyError, match="2 node"):
+        Topology(nnodes=2).ranks_per_node(3)
+    assert Topology(nnodes=2).ranks_per_node(4) == 2
+
+
+def test_global_rank_maps_to_node_and_local_rank(tmp_path: Path) -> None:
+    job = WorkerJob(spec={}, world_size=4, timeout_s=1, workdir=tmp_path, nproc_per_node=2)
+    assert [job.node_of(r) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_two_agents_rendezvous_over_loopback(pytester: pytest.Pytester) -> None:
+    """Two torchrun agents ("nodes", one rank each) meet at a c10d endpoint on
+    127.0.0.1 and train a scenario to completion."""
+    pytester.makepyfile(test_bench=bench_module(f'Scenario("tiny", "two_nodes", TINY, {TINY_SHAPE}),'))
+    out = pytester.path / "r.json"
+    port = TorchrunLauncher().endpoint().rsplit(":", 1)[1]
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--perf-launcher=torchrun", "--perf-nnodes=2",
+        f"--perf-rdzv-endpoint=127.0.0.1:{port}", f"--perf-json={out}",
+    )  # fmt: skip
+    result.assert_outcomes(skipped=1)  # no baseline: it trained and was measured
+    (res,) = json.loads(out.read_text())["results"]
+    assert res["status"] == "ok" and res["launch"]["launcher"] == "torchrun" and res["launch"]["nnodes"] == 2
+    assert sum(res["launch"]["ranks_per_host"].values()) == 2
+    assert [r["rank"] for r in res["metrics"]["per_rank"]] == [0, 1]
