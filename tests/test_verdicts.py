@@ -24,15 +24,16 @@ class FakeLauncher(Launcher):
 
     name = "fake"
 
-    def __init__(self, launches: Sequence[Sequence[float]]) -> None:
+    def __init__(self, launches: Sequence[Sequence[float]], peaks: tuple[float, float] = (100.0, 100.0)) -> None:
         self.launches: Iterator[Sequence[float]] = iter(launches)
+        self.peaks = peaks
         self.count = 0
 
     def run(self, job: WorkerJob) -> LaunchOutcome:
         self.count += 1
         times = list(next(self.launches))
         reports = [
-            {"rank": r, "status": "ok", "step_times_s": times, "peak_mem_mib": 100.0, "steady_state_start": 2,
+            {"rank": r, "status": "ok", "step_times_s": times, "peak_mem_mib": self.peaks[r], "steady_state_start": 2,
              "model_state": {"params": 1, "grads": 1, "optimizer": 2, "total": 4}, "runtime": {"torch": "2.13.0"}}
             for r in (0, 1)
         ]  # fmt: skip
@@ -137,3 +138,15 @@ def test_calibration_needs_repeats(tmp_path: Path) -> None:
     perf, _ = session(tmp_path, [STEADY], calibrate=True)
     with pytest.raises(Exception, match="at least 2 repeats"):
         perf.run(SCENARIO)
+
+
+def test_lopsided_ranks_fail_the_imbalance_limit(tmp_path: Path) -> None:
+    import dataclasses
+
+    lopsided = dataclasses.replace(SCENARIO, max_imbalance={"peak_mem_mib": 1.5})
+    run = RunSettings(profile=CPU, baselines_dir=tmp_path / "baselines", workdir=tmp_path)
+    recorder = dataclasses.replace(run, update_baselines=True)
+    PerfSession(recorder, FINGERPRINT, FakeLauncher([STEADY], peaks=(100.0, 200.0))).run(lopsided)
+    result = PerfSession(run, FINGERPRINT, FakeLauncher([STEADY], peaks=(100.0, 200.0))).run(lopsided)
+    assert result.verdict == "imbalance"
+    assert "peak_mem_mib max/min across ranks 2.00 > limit 1.50" in result.judgement.message
