@@ -44,6 +44,11 @@ class ParallelLayout:
                     f"parallel layout: interleaved_1f1b needs microbatches ({self.microbatches}) "
                     f"to be a multiple of pp ({self.pp})"
                 )
+        elif self.schedule == "1f1b" and self.pp > 1 and self.microbatches < self.pp:
+            raise LayoutError(
+                f"parallel layout: 1f1b needs microbatches ({self.microbatches}) >= pp ({self.pp}) "
+                "to fill the pipeline"
+            )
         elif self.virtual_stages != 1:
             raise LayoutError(f"parallel layout: virtual_stages > 1 needs schedule interleaved_1f1b, not {self.schedule}")
 

@@ -273,7 +273,7 @@ class Scenario:
             "strategy": self.strategy,
             "strategy_options": dict(self.strategy_options),
             "world_size": self.world_size,
-            "layout": dataclasses.asdict(self.layout),
+            "layout": {**dataclasses.asdict(self.layout), "bubble_fraction": self.layout.bubble_fraction()},
             "micro_batch": self.micro_batch,
             "global_batch": self.global_batch,
             "grad_accum": self.grad_accum,

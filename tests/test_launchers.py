@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_SHAPE, bench_module
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.slurm import SlurmLauncher, first_host, topology_from_env
 from perfsuite.launch.torchrun import Topology, TopologyError, TorchrunLauncher
@@ -58,10 +57,25 @@ def test_global_rank_maps_to_node_and_local_rank(tmp_path: Path) -> None:
     assert [job.node_of(r) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
+PIPELINE = """
+from perfsuite import ModelSpec, Scenario, parametrize
+
+GPT = ModelSpec("megatron_gpt", layers=2, hidden=64, heads=2, vocab=256, max_positions=32)
+SCENARIOS = [Scenario("parallel_3d", "pp2_two_nodes", GPT, strategy="tp_pp",
+                      strategy_options={"pp": 2, "schedule": "gpipe", "microbatches": 2},
+                      world_size=2, micro_batch=2, global_batch=4, seq_len=32, warmup_steps=1, steps=3)]
+
+@parametrize(SCENARIOS)
+def test_bench(perf, scenario):
+    perf.check(scenario)
+"""
+
+
 def test_two_agents_rendezvous_over_loopback(pytester: pytest.Pytester) -> None:
     """Two torchrun agents ("nodes", one rank each) meet at a c10d endpoint on
-    127.0.0.1 and train a scenario to completion."""
-    pytester.makepyfile(test_bench=bench_module(f'Scenario("tiny", "two_nodes", TINY, {TINY_SHAPE}),'))
+    127.0.0.1 and train a parallel_3d scenario to completion: a two-stage
+    pipeline whose stages live on different nodes."""
+    pytester.makepyfile(test_bench=PIPELINE)
     out = pytester.path / "r.json"
     port = TorchrunLauncher().endpoint().rsplit(":", 1)[1]
     result = pytester.runpytest_subprocess(
@@ -73,3 +87,4 @@ def test_two_agents_rendezvous_over_loopback(pytester: pytest.Pytester) -> None:
     assert res["status"] == "ok" and res["launch"]["launcher"] == "torchrun" and res["launch"]["nnodes"] == 2
     assert sum(res["launch"]["ranks_per_host"].values()) == 2
     assert [r["rank"] for r in res["metrics"]["per_rank"]] == [0, 1]
+    assert res["config"]["layout"]["pp"] == 2 and res["config"]["layout"]["bubble_fraction"] == pytest.approx(1 / 3)

@@ -87,7 +87,8 @@ GPT = ModelSpec("megatron_gpt", layers=4, hidden=64, heads=4, vocab=512, max_pos
     ("options", "world", "message"),
     [
         ({"tp": 3}, 4, "tp=3 x pp=1 = 3 does not divide world_size=4"),
-        ({"pp": 3}, 3, "4 layers do not split evenly into 3 pipeline stages"),
+        ({"pp": 3, "schedule": "gpipe"}, 3, "4 layers do not split evenly into 3 pipeline stages"),
+        ({"pp": 2}, 2, "1f1b needs microbatches (1) >= pp (2)"),
         ({"tp": 2, "pp": 2, "schedule": "zigzag"}, 4, "schedule must be one of"),
         ({"pp": 2, "schedule": "interleaved_1f1b", "microbatches": 2}, 2, "virtual_stages >= 2"),
     ],

@@ -68,7 +68,9 @@ def run(job: dict[str, Any], ctx: WorkerContext, reporter: Reporter) -> dict[str
     reporter.phase("build")
     model = build_model(scenario).to(ctx.device)
     rows = scenario["micro_batch"] * (scenario["grad_accum"] if strategy_cls.pipelined else 1)
-    batches = [synthetic_batch(scenario, ctx.device, rows, seed=ctx.rank * 1000 + i) for i in range(BATCH_POOL)]
+    # All tp x pp ranks of one data-parallel replica train on the same rows.
+    replica = ctx.rank // (scenario["layout"]["tp"] * scenario["layout"]["pp"])
+    batches = [synthetic_batch(scenario, ctx.device, rows, seed=replica * 1000 + i) for i in range(BATCH_POOL)]
     reporter.phase("wrap")
     strategy = strategy_cls(sctx)
     strategy.setup(model)

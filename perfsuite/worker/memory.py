@@ -2,9 +2,9 @@
 
 Two kinds of figure:
 
-* **peak memory** — noisy, allocator-dependent: on CUDA the caching allocator's
-  peaks plus the process's device memory as NVML sees it; on CPU the peak
-  resident set (VmHWM).
+* **peak memory** — noisy, allocator-dependent, over the measured steps: on
+  CUDA the caching allocator's peaks plus the process's device memory as NVML
+  sees it; on CPU the peak resident set (VmHWM, reset when measuring starts).
 * **model-state bytes** — exact: parameters, gradients and optimizer states this
   rank holds, summed over the tensors' storages (each storage once, so flat
   buffers that params view into are not double-counted).
@@ -89,6 +89,16 @@ class MemoryTracker:
 
 
 class CpuMemoryTracker(MemoryTracker):
+    def __enter__(self) -> CpuMemoryTracker:
+        # Reset the peak RSS so it is the training peak, not model construction
+        # (Linux: writing 5 to clear_refs resets VmHWM); elsewhere it covers the run.
+        try:
+            with open(f"/proc/{os.getpid()}/clear_refs", "w") as refs:
+                refs.write("5")
+        except OSError:
+            pass
+        return self
+
     def finish(self) -> MemoryResult:
         peak = peak_rss_mib()
         return MemoryResult(peak, {"peak_rss_mib": peak})
@@ -112,6 +122,9 @@ class CudaMemoryTracker(MemoryTracker):
     def __enter__(self) -> CudaMemoryTracker:
         import pynvml
 
+        # Peaks from here on: the training steps, not building and wrapping the
+        # model (every rank builds the full model before a strategy shards it).
+        torch.cuda.reset_peak_memory_stats(self.device)
         pynvml.nvmlInit()
         index = self.device.index if self.device.index is not None else 0
         self._nvml = pynvml

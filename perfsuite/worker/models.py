@@ -52,7 +52,13 @@ def _gpt2(m: Mapping[str, Any]) -> nn.Module:
     return GPT2LMHeadModel(config)
 
 
-_BUILDERS = {"bert": _bert, "gpt2": _gpt2}
+def _megatron_gpt(m: Mapping[str, Any]) -> nn.Module:
+    from perfsuite.worker.megatron_gpt import build
+
+    return build(m)
+
+
+_BUILDERS = {"bert": _bert, "gpt2": _gpt2, "megatron_gpt": _megatron_gpt}
 
 
 def synthetic_batch(
