@@ -37,7 +37,10 @@ GPT_CPU = ModelSpec("megatron_gpt", layers=4, hidden=128, heads=4, vocab=512, ma
 MICROBATCHES = 4  # per data-parallel replica per step, in every row
 
 
-def row(tp: int, pp: int, schedule: str = "1f1b", virtual_stages: int = 1, suffix: str = "", reference: str = "") -> Scenario:
+def row(
+    tp: int, pp: int, schedule: str = "1f1b", virtual_stages: int = 1, suffix: str = "", reference: str = "",
+    strategy: str = "tp_pp", only_on: tuple[str, ...] = (),
+) -> Scenario:  # fmt: skip
     options = {"tp": tp, "pp": pp, "microbatches": MICROBATCHES}
     if pp > 1:
         options["schedule"] = schedule
@@ -48,7 +51,7 @@ def row(tp: int, pp: int, schedule: str = "1f1b", virtual_stages: int = 1, suffi
     seed_dp, cpu_dp = seed_world // (tp * pp), cpu_world // (tp * pp)
     return Scenario(
         "parallel_3d", f"tp{tp}_pp{pp}{suffix}", GPT_1_3B,
-        precision="fp16", strategy="tp_pp", strategy_options=options,
+        precision="fp16", strategy=strategy, strategy_options=options, only_on=only_on,
         world_size=seed_world, micro_batch=1, global_batch=MICROBATCHES * seed_dp,
         seq_len=1024, warmup_steps=3, steps=10,
         variants={"cpu": {
@@ -77,7 +80,15 @@ TP1_PP2_INTERLEAVED = row(
 )  # fmt: skip
 SCHEDULES = [TP1_PP2_GPIPE, TP1_PP2_INTERLEAVED]
 
-SCENARIOS = [*A3_ROWS, *SCHEDULES]
+# The same grid with megatron-core as the engine (its layers need CUDA), so a
+# baseline says which engine it measured: parallel_3d.tp2_pp1 is native
+# PyTorch, parallel_3d.tp2_pp1_mcore is megatron-core.
+MEGATRON_ROWS = [
+    row(tp, pp, suffix="_mcore", strategy="megatron_core", only_on=("cuda",), reference=f"A3 tp={tp} x pp={pp}, megatron-core")
+    for tp, pp in ((1, 1), (2, 1), (4, 1), (1, 2), (1, 4), (2, 2), (4, 4))
+]
+
+SCENARIOS = [*A3_ROWS, *SCHEDULES, *MEGATRON_ROWS]
 
 PARAMS = "model_state.params"
 RELATIONS = [

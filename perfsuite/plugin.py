@@ -29,6 +29,7 @@ from perfsuite.session import PerfSession, RunSettings, ScenarioResult
 SESSION_KEY = pytest.StashKey["PerfSession"]()
 PROFILE_KEY = pytest.StashKey[HardwareProfile]()
 FINGERPRINT_KEY = pytest.StashKey[dict]()
+LAUNCHER_KEY = pytest.StashKey[Launcher]()
 
 
 class StaleBaselineWarning(UserWarning):
@@ -152,6 +153,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--perf-calibrate needs --perf-repeats N with N >= 2 to see the spread")
     if config.getoption("--perf-profile"):
         _profile(config)  # fail fast on an unknown profile name
+    config.stash[LAUNCHER_KEY] = _launcher(config)  # e.g. slurm outside an allocation
 
 
 def _fingerprint(config: pytest.Config) -> dict[str, Any]:
@@ -215,7 +217,8 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             calibrate=config.getoption("--perf-calibrate"),
         )
         _check_gpus_idle(config)
-        config.stash[SESSION_KEY] = PerfSession(settings, _fingerprint(config), _launcher(config), _compare(config))
+        launcher = config.stash[LAUNCHER_KEY]
+        config.stash[SESSION_KEY] = PerfSession(settings, _fingerprint(config), launcher, _compare(config))
     return config.stash[SESSION_KEY]
 
 
@@ -246,7 +249,7 @@ def _check_gpus_idle(config: pytest.Config) -> None:
     listing = ", ".join(f"pid {p['pid']} on GPU {p['gpu']} ({p['used_mib']} MiB)" for p in busy)
     message = f"other processes use the GPUs, timings will be skewed: {listing}"
     if mode == "error":
-        raise pytest.UsageError(message + " (--perf-gpu-busy=error)")
+        pytest.fail(message + " (--perf-gpu-busy=error)", pytrace=False)
     warnings.warn(BusyGpuWarning(message), stacklevel=1)
 
 

@@ -125,6 +125,9 @@ class Scenario:
     max_imbalance: Mapping[str, float] = field(default_factory=dict)
     expect: Mapping[str, Outcome] = field(default_factory=dict)
     variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Variant keys (profile names or "cpu"/"cuda") this scenario runs on; empty
+    #: means everywhere. Elsewhere it skips without starting workers.
+    only_on: tuple[str, ...] = ()
     timeout_s: float | None = None
     reference: str = ""  # which published row this reproduces
 

@@ -222,6 +222,9 @@ class PerfSession:
     def _precondition(self, scenario: Scenario) -> str:
         """Why this scenario cannot run here, or "" if it can."""
         topology = getattr(self.launcher, "topology", None)
+        keys = self.profile.variant_keys
+        if scenario.only_on and not set(scenario.only_on) & set(keys):
+            return f"runs on {', '.join(scenario.only_on)} profiles only; this is {self.profile.name}"
         if self.profile.max_world_size and scenario.world_size > self.profile.max_world_size:
             return (
                 f"needs {scenario.world_size} ranks; profile {self.profile.name} runs at most "

@@ -88,3 +88,10 @@ def test_two_agents_rendezvous_over_loopback(pytester: pytest.Pytester) -> None:
     assert sum(res["launch"]["ranks_per_host"].values()) == 2
     assert [r["rank"] for r in res["metrics"]["per_rank"]] == [0, 1]
     assert res["config"]["layout"]["pp"] == 2 and res["config"]["layout"]["bubble_fraction"] == pytest.approx(1 / 3)
+
+
+def test_slurm_launcher_outside_an_allocation_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_nothing="def test_x(): pass")
+    result = pytester.runpytest_subprocess("--perf-launcher=slurm")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*must run inside a Slurm allocation (SLURM_JOB_ID is unset)*"])

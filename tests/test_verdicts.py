@@ -150,3 +150,13 @@ def test_lopsided_ranks_fail_the_imbalance_limit(tmp_path: Path) -> None:
     result = PerfSession(run, FINGERPRINT, FakeLauncher([STEADY], peaks=(100.0, 200.0))).run(lopsided)
     assert result.verdict == "imbalance"
     assert "peak_mem_mib max/min across ranks 2.00 > limit 1.50" in result.judgement.message
+
+
+def test_cuda_only_scenario_skips_on_cpu_without_launching(tmp_path: Path) -> None:
+    import dataclasses
+
+    cuda_only = dataclasses.replace(SCENARIO, only_on=("cuda",))
+    perf, launcher = session(tmp_path, [])
+    result = perf.run(cuda_only)
+    assert result.verdict == "skipped" and launcher.count == 0
+    assert result.judgement.message == "runs on cuda profiles only; this is cpu"

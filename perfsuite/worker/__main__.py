@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from perfsuite.strategies.base import EngineUnavailable, StrategyContext, load_strategy
+from perfsuite.strategies.base import EngineUnavailable, Strategy, StrategyContext, load_strategy
 from perfsuite.worker.loop import train
 from perfsuite.worker.models import build_model, synthetic_batch
 from perfsuite.worker.runtime import (
@@ -43,9 +43,10 @@ def is_oom(exc: BaseException) -> bool:
     return "out of memory" in text or "can't allocate memory" in text or "bad_alloc" in text
 
 
-def run(job: dict[str, Any], ctx: WorkerContext, reporter: Reporter) -> dict[str, Any]:
+def run(
+    job: dict[str, Any], strategy_cls: type[Strategy], ctx: WorkerContext, reporter: Reporter
+) -> dict[str, Any]:
     scenario, settings = job["scenario"], job["run"]
-    strategy_cls = load_strategy(scenario["strategy"])
     sctx = StrategyContext(
         device=ctx.device,
         rank=ctx.rank,
@@ -88,10 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     # from the ranks waiting for it in a collective.
     faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
     job = json.loads(Path(argv[0]).read_text())
+    # The strategy module is imported before CUDA is touched, so an engine can
+    # set environment it needs at context creation (CUDA_DEVICE_MAX_CONNECTIONS).
+    strategy_cls = load_strategy(job["scenario"]["strategy"])
     ctx = WorkerContext.from_env(job["run"]["device"])
     reporter = Reporter(Path(job["run"]["reports_dir"]), ctx.rank)
     try:
-        report = {"status": "ok", **run(job, ctx, reporter)}
+        report = {"status": "ok", **run(job, strategy_cls, ctx, reporter)}
         code = 0
     except EngineUnavailable as exc:
         report, code = {"status": "skipped", "error": str(exc)}, 0
