@@ -13,7 +13,14 @@ Its model state is small, but the bytes each rank holds are still exact, so the
 sharding relations below are checked there too.
 """
 
-from perfsuite import ModelSpec, Relation, Scenario, chain, parametrize, parametrize_relations
+from perfsuite import (
+    ModelSpec,
+    Relation,
+    Scenario,
+    chain,
+    parametrize,
+    parametrize_relations,
+)
 
 # 24 layers, hidden 2048, 32 heads, vocab 50304, 1024 positions: 1,313,722,368
 # parameters with tied embeddings, the seed's exact count.

@@ -19,10 +19,25 @@ from perfsuite.compare import FAILING, MetricCheck, check_metric
 from perfsuite.fingerprint import foreign_gpu_processes, machine_fingerprint
 from perfsuite.launch import Launcher
 from perfsuite.launch.slurm import SlurmLauncher
-from perfsuite.launch.torchrun import LocalTorchrun, Topology, TopologyError, TorchrunLauncher
-from perfsuite.profiles import HardwareProfile, ProfileError, ProfileRegistry, profile_for
+from perfsuite.launch.torchrun import (
+    LocalTorchrun,
+    Topology,
+    TopologyError,
+    TorchrunLauncher,
+)
+from perfsuite.profiles import (
+    HardwareProfile,
+    ProfileError,
+    ProfileRegistry,
+    profile_for,
+)
 from perfsuite.relations import Relation, RelationOutcome
-from perfsuite.report import relation_lines, results_document, summary_lines, write_results
+from perfsuite.report import (
+    relation_lines,
+    results_document,
+    summary_lines,
+    write_results,
+)
 from perfsuite.scenario import Scenario
 from perfsuite.session import PerfSession, RunSettings, ScenarioResult
 

@@ -85,12 +85,6 @@ class ModelSpec:
     def ffn_size(self) -> int:
         return self.ffn if self.ffn is not None else 4 * self.hidden
 
-    def approx_params(self) -> int:
-        """Transformer parameter count (embeddings + blocks), for scaling and MFU."""
-        h, layers = self.hidden, self.layers
-        block = 4 * h * h + 2 * h * self.ffn_size + 9 * h + self.ffn_size
-        return layers * block + (self.vocab + self.max_positions) * h
-
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value or {}))

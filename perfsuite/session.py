@@ -57,10 +57,6 @@ class RunSettings:
     slowdown_pct: float = 0.0  # planted extra work per step (gate self-test)
     calibrate: bool = False  # write recommended tolerances into the baselines
 
-    @property
-    def max_cv(self) -> float:
-        return self.profile.max_cv
-
 
 @dataclass(frozen=True)
 class Measurement:
@@ -286,11 +282,11 @@ class PerfSession:
         if decided is not None or metrics is None or baseline is None:
             return decided or Judgement("error", "no metrics")
         changes = tuple(stack_changes(dict(baseline.fingerprint), self.current_fingerprint()))
-        if metrics.samples_per_s.cv > self.settings.max_cv:
+        if metrics.samples_per_s.cv > self.profile.max_cv:
             return Judgement(
                 "unreliable",
                 f"samples/s varies too much to judge: CV {metrics.samples_per_s.cv:.1%} over this "
-                f"profile's limit {self.settings.max_cv:.0%} (busy or throttled machine?)",
+                f"profile's limit {self.profile.max_cv:.0%} (busy or throttled machine?)",
                 stack_changes=changes,
             )
         tolerances = resolve_tolerances(self.profile.tolerances, scenario.tolerances, baseline)

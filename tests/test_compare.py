@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 
 from perfsuite.baselines import BaselineEntry
-from perfsuite.compare import MetricCheck, check_metric, judge_metrics, judge_outcome, resolve_tolerances
+from perfsuite.compare import (
+    MetricCheck,
+    check_metric,
+    judge_metrics,
+    judge_outcome,
+    resolve_tolerances,
+)
 from perfsuite.stats import ScenarioMetrics, Summary
 
 

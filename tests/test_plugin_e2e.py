@@ -8,7 +8,6 @@ import textwrap
 import time
 
 import pytest
-
 from conftest import TINY_SHAPE, bench_module, leftover_workers
 
 # A 3-step run of a tiny model swings widely in throughput on a busy 2-core

@@ -4,7 +4,6 @@ scenario misconfigured as stage 0, as an engine regression would leave it."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import TINY_SHAPE
 
 pytest.importorskip("deepspeed", reason="deepspeed is not installed: pip install 'perfsuite[deepspeed]'")

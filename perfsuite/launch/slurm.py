@@ -10,6 +10,7 @@ steps, so no rank outlives the run.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from collections.abc import Callable, Mapping
 
@@ -52,12 +53,13 @@ class SlurmLauncher(TorchrunLauncher):
         return cls(topology_from_env(os.environ, nproc_per_node))
 
     def commands(self, job: WorkerJob, endpoint: str, run_id: str) -> list[list[str]]:
-        # One srun step, one task per node; each task is that node's agent.
-        # Every agent logs under logs/node$SLURM_NODEID, expanded on its node.
+        # One srun step, one task per node; each task is that node's agent. Its
+        # log dir must expand $SLURM_NODEID on the node, so that one argument is
+        # double-quoted for the task's shell and every other one shell-quoted.
         agent = self.agent_command(job, endpoint, run_id, node=0)
         log_dir = agent.index("--log-dir") + 1
-        agent[log_dir] = str(job.logs_dir / "node") + "$SLURM_NODEID"
-        inner = " ".join(_quote(a) for a in agent).replace(_quote(agent[log_dir]), f'"{agent[log_dir]}"')
+        node_log_dir = f'"{job.logs_dir / "node"}$SLURM_NODEID"'
+        inner = " ".join(node_log_dir if i == log_dir else shlex.quote(a) for i, a in enumerate(agent))
         return [[
             "srun", f"--nodes={self.topology.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
             "--export=ALL", "bash", "-c", inner,
@@ -66,9 +68,3 @@ class SlurmLauncher(TorchrunLauncher):
     def endpoint(self) -> str:
         assert self.topology.rdzv_endpoint is not None  # from_env always sets it
         return self.topology.rdzv_endpoint
-
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)

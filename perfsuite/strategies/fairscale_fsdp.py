@@ -13,7 +13,13 @@ from typing import Any
 
 from torch import nn
 
-from perfsuite.strategies.base import EngineUnavailable, StateTensors, StrategyContext, TorchStrategy, require
+from perfsuite.strategies.base import (
+    EngineUnavailable,
+    StateTensors,
+    StrategyContext,
+    TorchStrategy,
+    require,
+)
 from perfsuite.strategies.fairscale_oss import shard_aware_scaler
 from perfsuite.strategies.fsdp2 import transformer_blocks
 from perfsuite.worker.memory import optimizer_state_tensors

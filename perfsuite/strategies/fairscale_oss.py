@@ -8,34 +8,12 @@ parameters and broadcasts the updated partitions after the step.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from perfsuite.strategies.base import StateTensors, StrategyContext, require
 from perfsuite.strategies.ddp import DDPStrategy
 from perfsuite.worker.memory import optimizer_state_tensors
-from perfsuite.worker.precision import Precision
-
-
-class RankAgreedGradScaler(torch.amp.GradScaler):
-    """torch's GradScaler with the inf/NaN verdict all-reduced across ranks,
-    which is what fairscale's ShardedGradScaler adds. Used off CUDA, where
-    ShardedGradScaler disables itself (``amp_definitely_not_available``) and its
-    CPU sync path calls ``.cuda()``."""
-
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        super().unscale_(optimizer)
-        if not self._enabled:
-            return
-        state = self._per_optimizer_states[id(optimizer)]
-        assert self._scale is not None  # set by scale() before any backward
-        found = torch.zeros((), dtype=torch.float32, device=self._scale.device)
-        for value in state["found_inf_per_device"].values():
-            found += value.to(found.device)
-        # A rank that holds only its shard's gradients sees only its own infs;
-        # every rank must skip the same steps or the sharded step desynchronises.
-        dist.all_reduce(found)
-        state["found_inf_per_device"] = {found.device: found}
+from perfsuite.worker.precision import Precision, RankAgreedGradScaler
 
 
 def shard_aware_scaler(device: torch.device) -> torch.amp.GradScaler:

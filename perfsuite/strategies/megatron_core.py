@@ -264,7 +264,6 @@ class MegatronCoreStrategy(Strategy):
     optimizer: Any  # megatron.core.optimizer.ChainedOptimizer
     num_microbatches: int
     forward_backward_func: Callable[..., list[dict[str, torch.Tensor]]]
-    skipped_steps: int = 0  # fp16 overflow steps megatron's scaler skipped
 
     @classmethod
     def check(cls, ctx: StrategyContext) -> None:
@@ -455,8 +454,7 @@ class MegatronCoreStrategy(Strategy):
     def optimizer_step(self) -> None:
         # (success, grad_norm, num_zeros): success is False when megatron's fp16
         # scaler found inf/NaN and skipped the update (every rank agrees).
-        success, _grad_norm, _num_zeros = self.optimizer.step()
-        self.skipped_steps += not success
+        _success, _grad_norm, _num_zeros = self.optimizer.step()
         # Drops the main params' .grad (fp32 copies of the main grads under
         # fp16); the grad buffer itself is zeroed at the start of the next step.
         self.optimizer.zero_grad()

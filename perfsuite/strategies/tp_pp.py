@@ -70,7 +70,7 @@ from perfsuite.strategies.base import (
 )
 from perfsuite.worker.megatron_gpt import causal_lm_loss
 from perfsuite.worker.memory import local_tensor, optimizer_state_tensors
-from perfsuite.worker.precision import Precision
+from perfsuite.worker.precision import Precision, RankAgreedGradScaler
 
 BUCKET_ELEMENTS = 25 * 2**20  # data-parallel all-reduce bucket, like DDP's 25 MiB default (in elements)
 
@@ -97,35 +97,6 @@ def _engines() -> dict[str, ModuleType]:
                 f"{module} in torch {torch.__version__} lacks {', '.join(missing)}; tp_pp needs a newer torch"
             )
     return found
-
-
-class AgreeingGradScaler(torch.amp.GradScaler):
-    """A GradScaler whose inf/NaN check is all-reduced (max) over the default
-    process group, so ranks holding different gradients (tp shards, pp stages)
-    skip the same steps and keep the same scale. Unscales local shards of
-    DTensor gradients in place."""
-
-    def _unscale_grads_(  # type: ignore[override]
-        self,
-        optimizer: torch.optim.Optimizer,
-        inv_scale: torch.Tensor,
-        found_inf: torch.Tensor,
-        allow_fp16: bool,
-    ) -> dict[torch.device, torch.Tensor]:
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        with torch.no_grad():
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    if param.grad is None:
-                        continue
-                    grad = local_tensor(param.grad)
-                    if not allow_fp16 and grad.dtype == torch.float16:
-                        raise ValueError("Attempting to unscale FP16 gradients.")
-                    by_dtype.setdefault(grad.dtype, []).append(grad)
-            for grads in by_dtype.values():
-                torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
-        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
-        return {found_inf.device: found_inf}
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -204,7 +175,7 @@ class TPPPStrategy(Strategy):
         layout = self.layout = ParallelLayout.from_options(ctx.world_size, ctx.options)
         if layout.pp > 1:
             layout.check_layers(len(model.blocks))  # type: ignore[arg-type]
-        scaler = AgreeingGradScaler(ctx.device.type) if ctx.precision == "fp16" else None
+        scaler = RankAgreedGradScaler(ctx.device.type) if ctx.precision == "fp16" else None
         if scaler is not None:
             # The scale is created lazily by the first scale() call, which only
             # the last pipeline stage makes; every rank needs it to unscale.
@@ -217,7 +188,6 @@ class TPPPStrategy(Strategy):
         self.mesh = mesh
         self.dp_group = mesh["dp"].get_group()
         self.pp_group = mesh["pp"].get_group()
-        self.tp_group = mesh["tp"].get_group()
         self.pp_rank = mesh["pp"].get_local_rank()
 
         # Stages of this pipeline rank: p, p + pp, ... (one unless interleaved).

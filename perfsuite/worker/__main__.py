@@ -20,7 +20,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from perfsuite.strategies.base import EngineUnavailable, Strategy, StrategyContext, load_strategy
+from perfsuite.strategies.base import (
+    EngineUnavailable,
+    Strategy,
+    StrategyContext,
+    load_strategy,
+)
 from perfsuite.worker.loop import train
 from perfsuite.worker.models import build_model, synthetic_batch
 from perfsuite.worker.runtime import (

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 MIB = 2**20
-STATE_CATEGORIES = ("params", "grads", "optimizer")
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

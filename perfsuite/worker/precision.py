@@ -10,6 +10,9 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
+
+from perfsuite.worker.memory import local_tensor
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -20,8 +23,8 @@ class Precision:
 
     The default scaler decides on skipped steps from local gradients: right when
     every rank holds the same gradients (DDP) or they are DTensors (FSDP2), whose
-    inf check torch all-reduces. A strategy that shards plain gradients must pass
-    a scaler that agrees across ranks.
+    inf check torch all-reduces. A strategy that shards plain gradients passes
+    :class:`RankAgreedGradScaler`.
     """
 
     def __init__(
@@ -53,3 +56,33 @@ class Precision:
             return
         self.scaler.step(optimizer)
         self.scaler.update()
+
+
+class RankAgreedGradScaler(torch.amp.GradScaler):
+    """A GradScaler whose inf/NaN check is all-reduced (max) over the default
+    process group, so ranks holding different gradients (optimizer or gradient
+    shards, tp shards, pp stages) skip the same steps and keep the same scale.
+    Unscales local shards of DTensor gradients in place. fairscale's
+    ShardedGradScaler does the same on CUDA but disables itself off CUDA."""
+
+    def _unscale_grads_(  # type: ignore[override]
+        self,
+        optimizer: torch.optim.Optimizer,
+        inv_scale: torch.Tensor,
+        found_inf: torch.Tensor,
+        allow_fp16: bool,
+    ) -> dict[torch.device, torch.Tensor]:
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is None:
+                        continue
+                    grad = local_tensor(param.grad)
+                    if not allow_fp16 and grad.dtype == torch.float16:
+                        raise ValueError("Attempting to unscale FP16 gradients.")
+                    by_dtype.setdefault(grad.dtype, []).append(grad)
+            for grads in by_dtype.values():
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
+        return {found_inf.device: found_inf}

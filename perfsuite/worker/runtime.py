@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 from dataclasses import dataclass
@@ -100,6 +99,3 @@ class Reporter:
     def write(self, report: dict[str, Any]) -> None:
         atomic_write_json(self.folder / f"rank{self.rank}.json", {"rank": self.rank, **report})
 
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True)
