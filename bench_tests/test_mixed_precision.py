@@ -16,16 +16,24 @@ CPU_SHAPE = dict(model=BERT_TINY, world_size=2, micro_batch=4, global_batch=8, s
 
 FP32, AMP = SCENARIOS = [
     Scenario(
-        "mixed_precision", "fp32", BERT_BASE, precision="fp32", **SEED_SHAPE,
+        "mixed_precision",
+        "fp32",
+        BERT_BASE,
+        precision="fp32",
+        **SEED_SHAPE,
         variants={"cpu": CPU_SHAPE},
         reference="A1 fp32: 103.07 +/- 1.03 samples/s, 17025 MB",
     ),
     Scenario(
-        "mixed_precision", "amp", BERT_BASE, precision="fp16", **SEED_SHAPE,
+        "mixed_precision",
+        "amp",
+        BERT_BASE,
+        precision="fp16",
+        **SEED_SHAPE,
         variants={"cpu": {**CPU_SHAPE, "precision": "bf16"}},
         reference="A1 mixed precision (fp16 AMP): 178.15 +/- 2.10 samples/s, 12698 MB",
     ),
-]  # fmt: skip
+]
 
 
 @parametrize(SCENARIOS)

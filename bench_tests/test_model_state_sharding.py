@@ -39,8 +39,12 @@ def row(name: str, strategy: str, reference: str, **extra) -> Scenario:
 
 
 DDP_FP32 = row(
-    "ddp_fp32", "ddp", "A2 no acceleration: OOM on 32 GB",
-    precision="fp32", variants={"cpu": CPU_SHAPE}, expect={"cpu": "oom", "cuda-32gb": "oom"},
+    "ddp_fp32",
+    "ddp",
+    "A2 no acceleration: OOM on 32 GB",
+    precision="fp32",
+    variants={"cpu": CPU_SHAPE},
+    expect={"cpu": "oom", "cuda-32gb": "oom"},
 )
 DDP_AMP = row("ddp_amp", "ddp", "A2 mixed precision: 9.57 +/- 0.26 samples/s, 25061 MB")
 OSS = row("fairscale_oss_amp", "fairscale_oss", "A2 + fairscale OSS: 6.02 +/- 0.06, 22077 MB")
@@ -51,9 +55,13 @@ ZERO2 = row("zero2_amp", "deepspeed_zero", "A2 + ZeRO-2: 10.27 +/- 0.08, 15693 M
 # ZeRO-3 keeps parameters under 1e5 elements whole on every rank; every
 # parameter of the cpu model is that small, so it shards them all there.
 ZERO3 = row(
-    "zero3_amp", "deepspeed_zero", "A2 + ZeRO-3: did not run in the seed", strategy_options={"stage": 3},
-    variants={"cpu": {**CPU_SHAPE, "precision": "bf16",
-                      "strategy_options": {"stage": 3, "param_persistence_threshold": 0}}},
+    "zero3_amp",
+    "deepspeed_zero",
+    "A2 + ZeRO-3: did not run in the seed",
+    strategy_options={"stage": 3},
+    variants={
+        "cpu": {**CPU_SHAPE, "precision": "bf16", "strategy_options": {"stage": 3, "param_persistence_threshold": 0}}
+    },
 )
 TORCH_ZERO = row("torch_zero_amp", "torch_zero", "native OSS: torch ZeroRedundancyOptimizer")
 FSDP2 = row("fsdp2_amp", "fsdp2", "native FSDP: torch fully_shard per transformer block")
@@ -69,13 +77,20 @@ RELATIONS = [
     # Optimizer states of whole parameters are split across ranks, so one rank
     # holds about 1/world_size of DDP's (whole-parameter partitions are uneven).
     *(
-        Relation("model_state.optimizer", s, "~", DDP_AMP, factor="1/world_size", tolerance=0.15,
-                 why="ZeRO-1-style optimizer-state sharding")
+        Relation(
+            "model_state.optimizer",
+            s,
+            "~",
+            DDP_AMP,
+            factor="1/world_size",
+            tolerance=0.15,
+            why="ZeRO-1-style optimizer-state sharding",
+        )
         for s in (ZERO1, OSS, TORCH_ZERO)
     ),
     # Seed shape on GPUs: OSS+SDP and ZeRO use less peak memory than plain AMP.
     *(Relation("peak_mem_mib", s, "<", DDP_AMP, only_on=("cuda",), why="A2 peak MB") for s in (SDP, ZERO1, ZERO2)),
-]  # fmt: skip
+]
 
 
 @parametrize(SCENARIOS)

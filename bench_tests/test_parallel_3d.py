@@ -38,9 +38,14 @@ MICROBATCHES = 4  # per data-parallel replica per step, in every row
 
 
 def row(
-    tp: int, pp: int, schedule: str = "1f1b", virtual_stages: int = 1, suffix: str = "", reference: str = "",
-    strategy: str = "tp_pp", only_on: tuple[str, ...] = (),
-) -> Scenario:  # fmt: skip
+    tp: int,
+    pp: int,
+    schedule: str = "1f1b",
+    virtual_stages: int = 1,
+    suffix: str = "",
+    reference: str = "",
+    strategy: str = "tp_pp",
+) -> Scenario:
     options = {"tp": tp, "pp": pp, "microbatches": MICROBATCHES}
     if pp > 1:
         options["schedule"] = schedule
@@ -50,16 +55,32 @@ def row(
     cpu_world = max(4, tp * pp)  # tp4_pp4 needs 16: the cpu profile skips it
     seed_dp, cpu_dp = seed_world // (tp * pp), cpu_world // (tp * pp)
     return Scenario(
-        "parallel_3d", f"tp{tp}_pp{pp}{suffix}", GPT_1_3B,
-        precision="fp16", strategy=strategy, strategy_options=options, only_on=only_on,
-        world_size=seed_world, micro_batch=1, global_batch=MICROBATCHES * seed_dp,
-        seq_len=1024, warmup_steps=3, steps=10,
-        variants={"cpu": {
-            "model": GPT_CPU, "precision": "fp32", "world_size": cpu_world, "micro_batch": 2,
-            "global_batch": 2 * MICROBATCHES * cpu_dp, "seq_len": 64, "warmup_steps": 2, "steps": 6,
-        }},
+        "parallel_3d",
+        f"tp{tp}_pp{pp}{suffix}",
+        GPT_1_3B,
+        precision="fp16",
+        strategy=strategy,
+        strategy_options=options,
+        world_size=seed_world,
+        micro_batch=1,
+        global_batch=MICROBATCHES * seed_dp,
+        seq_len=1024,
+        warmup_steps=3,
+        steps=10,
+        variants={
+            "cpu": {
+                "model": GPT_CPU,
+                "precision": "fp32",
+                "world_size": cpu_world,
+                "micro_batch": 2,
+                "global_batch": 2 * MICROBATCHES * cpu_dp,
+                "seq_len": 64,
+                "warmup_steps": 2,
+                "steps": 6,
+            }
+        },
         reference=reference or f"A3 tp={tp} x pp={pp}",
-    )  # fmt: skip
+    )
 
 
 TP1_PP1 = row(1, 1)
@@ -75,16 +96,21 @@ A3_ROWS = [TP1_PP1, TP2_PP1, TP4_PP1, TP1_PP2, TP1_PP4, TP2_PP2, TP4_PP4]
 # Interleaved: 2 stages per rank, 4 pipeline stages of 6 (cpu: 1) layers each.
 TP1_PP2_GPIPE = row(1, 2, schedule="gpipe", suffix="_gpipe", reference="schedule: GPipe on the tp=1 x pp=2 layout")
 TP1_PP2_INTERLEAVED = row(
-    1, 2, schedule="interleaved_1f1b", virtual_stages=2, suffix="_interleaved_1f1b",
+    1,
+    2,
+    schedule="interleaved_1f1b",
+    virtual_stages=2,
+    suffix="_interleaved_1f1b",
     reference="schedule: interleaved 1F1B (2 virtual stages) on the tp=1 x pp=2 layout",
-)  # fmt: skip
+)
 SCHEDULES = [TP1_PP2_GPIPE, TP1_PP2_INTERLEAVED]
 
-# The same grid with megatron-core as the engine (its layers need CUDA), so a
-# baseline says which engine it measured: parallel_3d.tp2_pp1 is native
-# PyTorch, parallel_3d.tp2_pp1_mcore is megatron-core.
+# The same grid with megatron-core as the engine, so a baseline says which
+# engine it measured: parallel_3d.tp2_pp1 is native PyTorch,
+# parallel_3d.tp2_pp1_mcore is megatron-core. Its EngineSpec is CUDA-only, so
+# on cpu these skip before launching, saying why.
 MEGATRON_ROWS = [
-    row(tp, pp, suffix="_mcore", strategy="megatron_core", only_on=("cuda",), reference=f"A3 tp={tp} x pp={pp}, megatron-core")
+    row(tp, pp, suffix="_mcore", strategy="megatron_core", reference=f"A3 tp={tp} x pp={pp}, megatron-core")
     for tp, pp in ((1, 1), (2, 1), (4, 1), (1, 2), (1, 4), (2, 2), (4, 4))
 ]
 
@@ -94,16 +120,27 @@ PARAMS = "model_state.params"
 RELATIONS = [
     # Heaviest rank / whole model minus the ideal, seed | cpu: +0.17% | +1.2%
     # (replicated LayerNorms, positions, row-parallel biases).
-    Relation(PARAMS, TP2_PP1, "~", TP1_PP1, factor=0.5, tolerance=0.03, why="tp=2 shards the blocks, embedding and LM head"),
+    Relation(
+        PARAMS, TP2_PP1, "~", TP1_PP1, factor=0.5, tolerance=0.03, why="tp=2 shards the blocks, embedding and LM head"
+    ),
     # +0.5% | +3.7%
-    Relation(PARAMS, TP4_PP1, "~", TP1_PP1, factor=0.25, tolerance=0.06, why="tp=4 shards the blocks, embedding and LM head"),
+    Relation(
+        PARAMS, TP4_PP1, "~", TP1_PP1, factor=0.25, tolerance=0.06, why="tp=4 shards the blocks, embedding and LM head"
+    ),
     # First stage (embeddings + half the blocks): +0.15% | +0.9%
     Relation(PARAMS, TP1_PP2, "~", TP1_PP1, factor=0.5, tolerance=0.03, why="pp=2: each rank holds half the layers"),
     # First stage holds a quarter of the blocks plus the embeddings: +15.0% | +16.7%
-    Relation(PARAMS, TP1_PP4, "~", TP1_PP1, factor=0.25, tolerance=0.20,
-             why="pp=4: a quarter of the layers per rank; the end stages add embeddings or the head"),
+    Relation(
+        PARAMS,
+        TP1_PP4,
+        "~",
+        TP1_PP1,
+        factor=0.25,
+        tolerance=0.20,
+        why="pp=4: a quarter of the layers per rank; the end stages add embeddings or the head",
+    ),
     Relation("model_state_bytes_per_rank", TP2_PP2, "<", TP2_PP1, why="pp=2 on top of tp=2 halves each rank's layers"),
-]  # fmt: skip
+]
 
 
 @parametrize(SCENARIOS)

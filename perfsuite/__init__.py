@@ -17,12 +17,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from perfsuite.engines import EngineOptions, EngineSpec, register_engine
+from perfsuite.metrics import Metric
+from perfsuite.metrics import register as register_metric
+from perfsuite.models import ModelSpec
 from perfsuite.profiles import HardwareProfile
 from perfsuite.relations import Relation, chain
-from perfsuite.scenario import ModelSpec, Scenario, ScenarioError
+from perfsuite.workloads import BaseScenario, Scenario, ScenarioError
 
 __all__ = [
+    "BaseScenario",
+    "EngineOptions",
+    "EngineSpec",
     "HardwareProfile",
+    "Metric",
     "ModelSpec",
     "Relation",
     "Scenario",
@@ -30,10 +38,12 @@ __all__ = [
     "chain",
     "parametrize",
     "parametrize_relations",
+    "register_engine",
+    "register_metric",
 ]
 
 
-def parametrize(scenarios: Sequence[Scenario]) -> Any:
+def parametrize(scenarios: Sequence[BaseScenario]) -> Any:
     """``pytest.mark.parametrize("scenario", ...)`` with each scenario's id as test id."""
     import pytest
 

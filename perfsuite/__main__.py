@@ -49,13 +49,26 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
     for level in levels:
         caught = 0
         for _ in range(ns.trials):
-            cmd = [sys.executable, "-m", "pytest", *ns.paths, "-k", ns.keyword, "-q", "-p", "no:cacheprovider",
-                   f"--perf-inject-slowdown={level}", *extra]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "pytest",
+                *ns.paths,
+                "-k",
+                ns.keyword,
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--perf-inject-slowdown={level}",
+                *extra,
+            ]
             code = subprocess.run(cmd, capture_output=True, check=False).returncode
             if code not in (0, 1):
                 raise SystemExit(f"perfsuite selftest: pytest exited {code} (not pass/fail): {' '.join(cmd)}")
             caught += code == 1
-        print(f"slowdown {level:5.0f}%  throughput -{level / (100 + level):.0%}  failed {caught}/{ns.trials}", flush=True)
+        print(
+            f"slowdown {level:5.0f}%  throughput -{level / (100 + level):.0%}  failed {caught}/{ns.trials}", flush=True
+        )
     return 0
 
 

@@ -11,15 +11,15 @@ run did not measure are left untouched. A corrupt or schema-invalid file raises
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from perfsuite.scenario import METRIC_DIRECTIONS, OUTCOMES
+from perfsuite.files import atomic_write_json
+from perfsuite.metrics import METRICS
+from perfsuite.workloads.base import OUTCOMES
 
 SCHEMA_VERSION = 1
 
@@ -79,11 +79,11 @@ def _parse_entry(path: Path, key: str, raw: Any) -> BaselineEntry:
     if not isinstance(tolerances, dict):
         raise _problem(path, f"{where}.tolerances", "must be an object")
     for name, tol in tolerances.items():
-        if name not in METRIC_DIRECTIONS or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
+        if name not in METRICS or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
             raise _problem(
                 path,
                 f"{where}.tolerances.{name}",
-                f"must name one of {sorted(METRIC_DIRECTIONS)} with a value in [0, 1)",
+                f"must name a registered metric ({', '.join(m.name for m in METRICS)}) with a value in [0, 1)",
             )
     known = {"expected", "metrics", "tolerances", "fingerprint", "note"}
     return BaselineEntry(
@@ -115,9 +115,7 @@ def load_group_file(path: Path) -> dict[str, BaselineEntry]:
     if not isinstance(doc, dict):
         raise _problem(path, "top level", "must be an object")
     if doc.get("schema_version") != SCHEMA_VERSION:
-        raise _problem(
-            path, "schema_version", f"must be {SCHEMA_VERSION}, got {doc.get('schema_version')!r}"
-        )
+        raise _problem(path, "schema_version", f"must be {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
     scenarios = doc.get("scenarios")
     if not isinstance(scenarios, dict):
         raise _problem(path, "scenarios", "must be an object mapping scenario ids to entries")
@@ -180,22 +178,6 @@ class BaselineStore:
             "scenarios": {key: entries[key].to_json() for key in sorted(entries)},
         }
         atomic_write_json(self.path(group), doc)
-
-
-def atomic_write_json(path: Path, doc: Any) -> None:
-    """Write JSON so readers see the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(doc, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _now() -> str:

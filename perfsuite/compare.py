@@ -7,12 +7,12 @@ tolerance in the good direction passes but flags the baseline as stale.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from perfsuite import metrics as registry
 from perfsuite.baselines import BaselineEntry
-from perfsuite.scenario import METRIC_DIRECTIONS
 from perfsuite.stats import ScenarioMetrics, Summary
 
 Verdict = Literal[
@@ -90,7 +90,8 @@ def resolve_tolerances(
     scenario: Mapping[str, float],
     baseline: BaselineEntry | None,
 ) -> dict[str, float]:
-    """Baseline (hand-set or calibrated) beats scenario beats profile default."""
+    """Baseline (hand-set or calibrated) beats scenario beats the profile's
+    default (which is the metric's registry default unless the profile sets one)."""
     merged = dict(profile_defaults)
     merged.update(scenario)
     if baseline is not None:
@@ -128,10 +129,15 @@ def worse_p_value(current: Summary, baseline: Mapping[str, Any], direction: str)
     from scipy.stats import ttest_ind_from_stats
 
     result = ttest_ind_from_stats(
-        current.mean, current.std, current.n,
-        float(baseline["mean"]), float(baseline.get("std", 0.0)), n_base,
-        equal_var=False, alternative="less" if direction == "higher" else "greater",
-    )  # fmt: skip
+        current.mean,
+        current.std,
+        current.n,
+        float(baseline["mean"]),
+        float(baseline.get("std", 0.0)),
+        n_base,
+        equal_var=False,
+        alternative="less" if direction == "higher" else "greater",
+    )
     p = float(result.pvalue)
     return p if math.isfinite(p) else None
 
@@ -141,33 +147,33 @@ def judge_metrics(
     baseline: BaselineEntry,
     tolerances: Mapping[str, float],
     compare: Callable[[MetricCheck], MetricCheck] = check_metric,
+    names: Sequence[str] | None = None,
 ) -> Judgement:
+    """Compare every metric of ``names`` (default: all measured) that has both a
+    baseline value and a tolerance. Noisy metrics kept with their spread get
+    the significance test; exact ones are compared as they are."""
     checks = []
-    for metric, direction in METRIC_DIRECTIONS.items():
-        base = baseline.value(metric)
-        if base is None or metric not in tolerances:
+    for name in names if names is not None else list(metrics.values):
+        base = baseline.value(name)
+        if base is None or name not in tolerances or name not in metrics.values:
             continue
+        metric = registry.get(name)
         p_value = None
-        stored = baseline.metrics.get(metric)
-        if metric == "samples_per_s" and isinstance(stored, Mapping):
-            p_value = worse_p_value(metrics.samples_per_s, stored, direction)
+        stored, current = baseline.metrics.get(name), metrics.summary(name)
+        if metric.noisy and isinstance(stored, Mapping) and current is not None:
+            p_value = worse_p_value(current, stored, metric.direction)
         checks.append(
-            compare(
-                MetricCheck(metric, metrics.metric(metric), base, tolerances[metric], direction, p_value=p_value)
-            )
+            compare(MetricCheck(name, metrics.value(name), base, tolerances[name], metric.direction, p_value=p_value))
         )
     regressions = [c for c in checks if c.outcome == "regression"]
     improvements = [c for c in checks if c.outcome == "improved"]
     if regressions:
-        return Judgement(
-            "regression", "; ".join(c.describe() for c in regressions), tuple(checks)
-        )
+        return Judgement("regression", "; ".join(c.describe() for c in regressions), tuple(checks))
     if improvements:
         return Judgement(
             "improved",
             "better than baseline beyond tolerance, the baseline is stale "
-            "(refresh with --perf-update-baselines): "
-            + "; ".join(c.describe() for c in improvements),
+            "(refresh with --perf-update-baselines): " + "; ".join(c.describe() for c in improvements),
             tuple(checks),
         )
     return Judgement("pass", "within tolerance of baseline", tuple(checks))
@@ -182,5 +188,7 @@ def judge_imbalance(metrics: ScenarioMetrics, limits: Mapping[str, float]) -> Ju
     ]
     if not over:
         return None
-    per_rank = ", ".join(f"rank {r['rank']}: {r['samples_per_s']:.3g}/s {r['peak_mem_mib']:.0f} MiB" for r in metrics.per_rank)
+    per_rank = ", ".join(
+        f"rank {r['rank']}: " + " ".join(f"{name} {r[name]:.4g}" for name in limits) for r in metrics.per_rank
+    )
     return Judgement("imbalance", "; ".join(over) + f" ({per_rank})")

@@ -13,21 +13,21 @@ import os
 import platform
 from typing import Any
 
-#: Packages whose version changes are worth flagging next to a verdict.
-TRACKED_PACKAGES = (
-    "torch",
-    "transformers",
-    "deepspeed",
-    "fairscale",
-    "onnxruntime-training",
-    "megatron-core",
-    "perfsuite",
-)
+from perfsuite.engines import ENGINES
+
+#: Packages every run depends on; engines add theirs (EngineSpec.packages).
+CORE_PACKAGES = ("torch", "transformers", "perfsuite")
+
+
+def tracked_packages() -> tuple[str, ...]:
+    """Packages whose version changes are worth flagging next to a verdict."""
+    engines = (name for spec in ENGINES for name in spec.packages)
+    return tuple(dict.fromkeys((*CORE_PACKAGES, *engines)))
 
 
 def package_versions() -> dict[str, str]:
     versions: dict[str, str] = {}
-    for name in TRACKED_PACKAGES:
+    for name in tracked_packages():
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -131,7 +131,7 @@ def foreign_gpu_processes() -> list[dict[str, Any]]:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML: nothing to check
+    except Exception:
         return []
     try:
         found = []

@@ -1,3 +1,5 @@
+# Hook specifications have no body by design: pluggy calls the implementations.
+# mypy: disable-error-code="empty-body"
 """Hooks other plugins (or a ``conftest.py``) implement to extend perfsuite.
 
 Each hook is a pytest hook: define a function of the same name in a conftest or
@@ -42,6 +44,12 @@ def pytest_perfsuite_compare_metric(check: MetricCheck) -> MetricCheck | None:
 
 
 @hookspec
-def pytest_perfsuite_extra_metrics(result: ScenarioResult) -> dict[str, Any] | None:
-    """Return extra metrics for a finished scenario; they are stored under
-    ``metrics.extra`` in the results file (not gated)."""
+def pytest_perfsuite_extra_metrics(
+    result: ScenarioResult, fingerprint: dict[str, Any], profile: HardwareProfile
+) -> dict[str, Any] | None:
+    """Return extra metrics for a finished scenario; every implementation's
+    dict is merged under ``metrics.extra`` in the results file (not gated).
+
+    perfsuite's own implementation adds ``mfu`` on GPUs; yours runs beside it.
+    Take only the arguments you need. To gate a metric, register it
+    (:mod:`perfsuite.metrics`) and measure it on the ranks instead."""

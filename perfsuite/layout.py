@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
 class LayoutError(ValueError):
@@ -46,11 +46,12 @@ class ParallelLayout:
                 )
         elif self.schedule == "1f1b" and self.pp > 1 and self.microbatches < self.pp:
             raise LayoutError(
-                f"parallel layout: 1f1b needs microbatches ({self.microbatches}) >= pp ({self.pp}) "
-                "to fill the pipeline"
+                f"parallel layout: 1f1b needs microbatches ({self.microbatches}) >= pp ({self.pp}) to fill the pipeline"
             )
         elif self.virtual_stages != 1:
-            raise LayoutError(f"parallel layout: virtual_stages > 1 needs schedule interleaved_1f1b, not {self.schedule}")
+            raise LayoutError(
+                f"parallel layout: virtual_stages > 1 needs schedule interleaved_1f1b, not {self.schedule}"
+            )
 
     @property
     def world_size(self) -> int:

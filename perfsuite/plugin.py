@@ -17,6 +17,7 @@ from perfsuite import hookspecs
 from perfsuite.baselines import BaselineError
 from perfsuite.compare import FAILING, MetricCheck, check_metric
 from perfsuite.fingerprint import foreign_gpu_processes, machine_fingerprint
+from perfsuite.flops import mfu
 from perfsuite.launch import Launcher
 from perfsuite.launch.slurm import SlurmLauncher
 from perfsuite.launch.torchrun import (
@@ -38,8 +39,8 @@ from perfsuite.report import (
     summary_lines,
     write_results,
 )
-from perfsuite.scenario import Scenario
 from perfsuite.session import PerfSession, RunSettings, ScenarioResult
+from perfsuite.workloads.base import BaseScenario
 
 SESSION_KEY = pytest.StashKey["PerfSession"]()
 PROFILE_KEY = pytest.StashKey[HardwareProfile]()
@@ -127,9 +128,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "rendezvousing at --perf-rdzv-endpoint (torchrun), or one agent per node via srun (slurm)",
     )
     group.addoption("--perf-nnodes", metavar="N", type=int, default=1, help="nodes (torchrun launcher)")
-    group.addoption(
-        "--perf-nproc-per-node", metavar="N", type=int, help="ranks per node (default: world_size / nodes)"
-    )
+    group.addoption("--perf-nproc-per-node", metavar="N", type=int, help="ranks per node (default: world_size / nodes)")
     group.addoption(
         "--perf-rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous endpoint (default: a free loopback port)"
     )
@@ -205,6 +204,32 @@ def _compare(config: pytest.Config) -> Any:
     return compare
 
 
+def _extra_metrics(config: pytest.Config) -> Any:
+    def extra(result: ScenarioResult) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for found in config.hook.pytest_perfsuite_extra_metrics(
+            result=result, fingerprint=_fingerprint(config), profile=_profile(config)
+        ):
+            merged.update(found or {})
+        return merged
+
+    return extra
+
+
+@pytest.hookimpl
+def pytest_perfsuite_extra_metrics(
+    result: ScenarioResult, fingerprint: dict[str, Any], profile: HardwareProfile
+) -> dict[str, Any] | None:
+    """perfsuite's default: MFU of a GPU training run (Megatron's FLOP formula,
+    named in the value, against the GPU's datasheet peak)."""
+    config = result.scenario.to_config()
+    gpus = fingerprint.get("gpus") or []
+    if profile.device != "cuda" or result.metrics is None or not gpus or "model" not in config:
+        return None
+    value = mfu(config, result.metrics.step_time_median_s, gpus[0]["name"])
+    return {"mfu": value} if value else None
+
+
 def _worker_env(config: pytest.Config) -> dict[str, str]:
     # Workers import scenario-supplied strategy modules from the project, as the
     # pytest process can: put rootdir and the invocation dir on their path.
@@ -233,7 +258,9 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         )
         _check_gpus_idle(config)
         launcher = config.stash[LAUNCHER_KEY]
-        config.stash[SESSION_KEY] = PerfSession(settings, _fingerprint(config), launcher, _compare(config))
+        config.stash[SESSION_KEY] = PerfSession(
+            settings, _fingerprint(config), launcher, _compare(config), _extra_metrics(config)
+        )
     return config.stash[SESSION_KEY]
 
 
@@ -275,18 +302,14 @@ class Perf:
         self.session = session
         self.request = request
 
-    def run(self, scenario: Scenario) -> ScenarioResult:
+    def run(self, scenario: BaseScenario) -> ScenarioResult:
         """Run and judge ``scenario`` without deciding the test's outcome."""
         try:
-            result = self.session.run(scenario)
+            return self.session.run(scenario)
         except BaselineError as exc:
             pytest.fail(str(exc), pytrace=False)
-        if not result.extra_metrics:
-            for extra in self.request.config.hook.pytest_perfsuite_extra_metrics(result=result):
-                result.extra_metrics.update(extra or {})
-        return result
 
-    def check(self, scenario: Scenario) -> ScenarioResult:
+    def check(self, scenario: BaseScenario) -> ScenarioResult:
         """Run ``scenario`` and pass, fail or skip this test by its verdict."""
         result = self.run(scenario)
         verdict, message = result.verdict, result.judgement.message
@@ -309,7 +332,6 @@ class Perf:
         if verdict == "improved":
             warnings.warn(StaleBaselineWarning(f"{scenario.id}: {message}"), stacklevel=2)
         return result
-
 
     def check_relation(self, relation: Relation) -> RelationOutcome:
         """Check a relation between two scenarios of this run; fail if violated."""

@@ -9,25 +9,18 @@ tables, which were measured on other hardware.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from perfsuite.scenario import Scenario, ScenarioError
+from perfsuite import metrics as registry
+from perfsuite.validation import ScenarioError
+from perfsuite.workloads.base import BaseScenario
 
 Op = Literal["<", ">", "~"]
 _OPS: dict[str, Callable[[float, float], bool]] = {"<": operator.lt, ">": operator.gt}
-
-#: Metrics a relation can compare: gated metrics plus model-state categories.
-RELATION_METRICS = (
-    "samples_per_s",
-    "peak_mem_mib",
-    "model_state_bytes_per_rank",
-    "model_state.params",
-    "model_state.grads",
-    "model_state.optimizer",
-)
 
 
 @dataclass(frozen=True)
@@ -42,19 +35,18 @@ class Relation:
     """
 
     metric: str
-    left: Scenario
+    left: BaseScenario
     op: Op
-    right: Scenario
+    right: BaseScenario
     factor: float | Literal["1/world_size"] = 1.0
     tolerance: float = 0.0
     only_on: tuple[str, ...] = ()
     why: str = ""
 
     def __post_init__(self) -> None:
-        if self.metric not in RELATION_METRICS:
-            raise ScenarioError(
-                f"relation {self.id}: field 'metric' must be one of {RELATION_METRICS}, got {self.metric!r}"
-            )
+        usable = [m for m in self.left.metrics if m in self.right.metrics and registry.get(m).relations]
+        if self.metric not in usable:
+            raise ScenarioError(f"relation {self.id}: field 'metric' must be one of {usable}, got {self.metric!r}")
         if self.op not in ("<", ">", "~"):
             raise ScenarioError(f"relation {self.id}: field 'op' must be '<', '>' or '~', got {self.op!r}")
         if self.op == "~" and not 0 < self.tolerance < 1:
@@ -88,14 +80,6 @@ class RelationOutcome:
         }
 
 
-def metric_value(metrics: Any, name: str) -> float:
-    """A relation metric from ScenarioMetrics (model-state categories: worst rank)."""
-    if name.startswith("model_state."):
-        category = name.split(".", 1)[1]
-        return float(max(rank["model_state"][category] for rank in metrics.per_rank))
-    return float(metrics.metric(name))
-
-
 def evaluate(relation: Relation, left: Any, right: Any, world_size: int) -> RelationOutcome:
     """Decide a relation from two ScenarioResults."""
     for side in (left, right):
@@ -103,9 +87,9 @@ def evaluate(relation: Relation, left: Any, right: Any, world_size: int) -> Rela
             return RelationOutcome(
                 relation, "skipped", f"{side.scenario.id} did not train ({side.status}: {side.judgement.message})"
             )
-    a = metric_value(left.metrics, relation.metric)
+    a = left.metrics.value(relation.metric)
     factor = 1.0 / world_size if relation.factor == "1/world_size" else float(relation.factor)
-    b = factor * metric_value(right.metrics, relation.metric)
+    b = factor * right.metrics.value(relation.metric)
     if relation.op == "~":
         holds = abs(a - b) <= relation.tolerance * abs(b)
         claim = f"within {relation.tolerance:.0%} of"
@@ -122,6 +106,6 @@ def evaluate(relation: Relation, left: Any, right: Any, world_size: int) -> Rela
     return RelationOutcome(relation, "holds" if holds else "violated", message, a, b)
 
 
-def chain(metric: str, op: Op, scenarios: Sequence[Scenario], **kwargs: Any) -> list[Relation]:
+def chain(metric: str, op: Op, scenarios: Sequence[BaseScenario], **kwargs: Any) -> list[Relation]:
     """``a > b > c`` as the relations ``a > b`` and ``b > c``."""
-    return [Relation(metric, a, op, b, **kwargs) for a, b in zip(scenarios, scenarios[1:])]
+    return [Relation(metric, a, op, b, **kwargs) for a, b in itertools.pairwise(scenarios)]

@@ -6,35 +6,46 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from perfsuite.baselines import atomic_write_json
+from perfsuite import metrics as registry
+from perfsuite.files import atomic_write_json
 from perfsuite.relations import RelationOutcome
 from perfsuite.session import ScenarioResult
 
-COLUMNS = ("scenario", "status", "samples/s", "delta", "peak MiB", "state MiB/rank", "verdict")
+COLUMNS = ("scenario", "status", "throughput", "delta", "peak MiB", "state MiB/rank", "verdict")
 
 
 def _row(result: ScenarioResult) -> tuple[str, ...]:
-    m = result.metrics
-    throughput = f"{m.samples_per_s.mean:.2f} +/- {m.samples_per_s.std:.2f}" if m else "-"
-    delta = "-"
+    m, primary = result.metrics, result.scenario.primary
+    throughput = delta = "-"
+    if m is not None and primary in m.values:
+        summary = m.summary(primary)
+        spread = f" +/- {summary.std:.2f}" if summary else ""
+        throughput = f"{m.value(primary):.2f}{spread} {registry.get(primary).unit}"
     for check in result.judgement.checks:
-        if check.metric == "samples_per_s":
+        if check.metric == primary:
             delta = f"{check.delta:+.1%}"
     return (
         result.scenario.id,
         result.status,
         throughput,
         delta,
-        f"{m.peak_mem_mib:.0f}" if m else "-",
-        f"{m.model_state_bytes_per_rank / 2**20:.1f}" if m else "-",
+        _cell(m, "peak_mem_mib", 1),
+        _cell(m, "model_state_bytes_per_rank", 2**20),
         result.verdict,
     )
+
+
+def _cell(metrics: Any, name: str, scale: float) -> str:
+    if metrics is None or name not in metrics.values:
+        return "-"
+    value = metrics.value(name) / scale
+    return f"{value:.0f}" if scale == 1 else f"{value:.1f}"
 
 
 def table(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> list[str]:
     rows = [header, *rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return lines
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfsuite import metrics as registry
 from perfsuite.baselines import BaselineEntry, BaselineError, BaselineStore
 from perfsuite.compare import (
     Judgement,
@@ -26,13 +27,13 @@ from perfsuite.compare import (
     resolve_tolerances,
 )
 from perfsuite.fingerprint import stack_changes
-from perfsuite.flops import mfu
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
 from perfsuite.launch.torchrun import TopologyError
 from perfsuite.profiles import HardwareProfile
+from perfsuite.protocol import RankJob
 from perfsuite.relations import Relation, RelationOutcome, evaluate
-from perfsuite.scenario import Scenario
 from perfsuite.stats import ScenarioMetrics, Summary, aggregate, pool
+from perfsuite.workloads.base import BaseScenario
 
 #: Calibrated tolerance = this many standard deviations of the difference of
 #: two independent measurements (sqrt(2) x the between-launch CV), Megatron's
@@ -78,7 +79,7 @@ class Measurement:
 
 @dataclass
 class ScenarioResult:
-    scenario: Scenario  # resolved for the profile
+    scenario: BaseScenario  # resolved for the profile
     status: str
     judgement: Judgement
     metrics: ScenarioMetrics | None = None
@@ -117,18 +118,32 @@ class ScenarioResult:
         }
 
 
+def no_extra_metrics(result: ScenarioResult) -> dict[str, Any]:
+    return {}
+
+
 class PerfSession:
+    """Runs and judges scenarios of any workload kind.
+
+    ``compare`` judges one metric (the plugin routes it through
+    ``pytest_perfsuite_compare_metric``); ``extra_metrics`` returns ungated
+    extras for a finished result (``pytest_perfsuite_extra_metrics``, whose
+    default implementation adds MFU).
+    """
+
     def __init__(
         self,
         settings: RunSettings,
         fingerprint: dict[str, Any],
         launcher: Launcher,
         compare: Callable[[MetricCheck], MetricCheck] = check_metric,
+        extra_metrics: Callable[[ScenarioResult], dict[str, Any]] = no_extra_metrics,
     ) -> None:
         self.settings = settings
         self.fingerprint = fingerprint
         self.launcher = launcher
         self.compare = compare
+        self.extra_metrics = extra_metrics
         self.store = BaselineStore(settings.baselines_dir, settings.profile.name)
         self.results: dict[str, ScenarioResult] = {}
         self.relations: dict[str, RelationOutcome] = {}
@@ -149,21 +164,20 @@ class PerfSession:
     def _note_nodes(self, outcome: LaunchOutcome) -> None:
         """Remember each node's runtime (reported by its local rank 0)."""
         for report in outcome.reports:
-            host, runtime = report.get("host", ""), report.get("runtime")
-            node = self.nodes.setdefault(host, {"ranks": []})
-            if report["rank"] not in node["ranks"]:
-                node["ranks"].append(report["rank"])
-            if runtime:
-                node["runtime"] = runtime
-                if report["rank"] == 0:
-                    self.runtime = runtime
+            node = self.nodes.setdefault(report.host, {"ranks": []})
+            if report.rank not in node["ranks"]:
+                node["ranks"].append(report.rank)
+            if report.runtime:
+                node["runtime"] = dict(report.runtime)
+                if report.rank == 0:
+                    self.runtime = dict(report.runtime)
 
     def launch_info(self, measurement: Measurement | None = None) -> dict[str, Any]:
         topology = getattr(self.launcher, "topology", None)
         ranks = measurement.outcome.reports if measurement else []
         per_host: dict[str, int] = {}
         for report in ranks:
-            per_host[report.get("host", "")] = per_host.get(report.get("host", ""), 0) + 1
+            per_host[report.host] = per_host.get(report.host, 0) + 1
         return {
             "launcher": self.launcher.name,
             "nnodes": topology.nnodes if topology else 1,
@@ -171,7 +185,7 @@ class PerfSession:
         }
 
     # -- scenarios ------------------------------------------------------------
-    def run(self, scenario: Scenario) -> ScenarioResult:
+    def run(self, scenario: BaseScenario) -> ScenarioResult:
         """Run (once per session) and judge ``scenario`` on this profile.
 
         Raises :class:`BaselineError` before launching anything if the
@@ -181,46 +195,49 @@ class PerfSession:
             self.results[scenario.id] = self._run(scenario.resolve(self.profile.variant_keys))
         return self.results[scenario.id]
 
-    def _run(self, scenario: Scenario) -> ScenarioResult:
+    def _run(self, scenario: BaseScenario) -> ScenarioResult:
         baseline = self.store.get(scenario.group, scenario.id)
         skip = self._precondition(scenario)
         if skip:
             return ScenarioResult(scenario, "skipped", Judgement("skipped", skip), baseline=baseline)
         measurement = self._measure(scenario)
         judgement = self._judge(scenario, measurement, baseline)
-        attempts = [_attempt(measurement, judgement)]
+        attempts = [_attempt(scenario, measurement, judgement)]
         for _ in range(self.settings.confirm if judgement.verdict == "regression" else 0):
             # A regression must reproduce in a fresh measurement: noise rarely
             # strikes twice, so false alarms fall to about the square.
             measurement = self._measure(scenario)
             judgement = self._judge(scenario, measurement, baseline)
-            attempts.append(_attempt(measurement, judgement))
+            attempts.append(_attempt(scenario, measurement, judgement))
             if judgement.verdict != "regression":
                 judgement = _unconfirmed(judgement, attempts)
                 break
         if judgement.verdict == "regression" and len(attempts) > 1:
-            judgement = _confirmed(judgement, attempts)
+            judgement = _confirmed(judgement, attempts, scenario.primary)
         result = ScenarioResult(
-            scenario, measurement.status, judgement, measurement.metrics, baseline, measurement.outcome,
-            attempts=attempts, launch_info=self.launch_info(measurement),
-        )  # fmt: skip
-        result.extra_metrics.update(self._mfu(scenario, measurement))
+            scenario,
+            measurement.status,
+            judgement,
+            measurement.metrics,
+            baseline,
+            measurement.outcome,
+            attempts=attempts,
+            launch_info=self.launch_info(measurement),
+        )
+        result.extra_metrics.update(self.extra_metrics(result))
         if (self.settings.update_baselines or self.settings.calibrate) and measurement.status in ("ok", "oom"):
             result.judgement = self._record(scenario, result)
         return result
 
-    def _mfu(self, scenario: Scenario, measurement: Measurement) -> dict[str, Any]:
-        if self.profile.device != "cuda" or measurement.metrics is None or not self.fingerprint.get("gpus"):
-            return {}
-        value = mfu(scenario.to_config(), measurement.metrics.step_time_median_s, self.fingerprint["gpus"][0]["name"])
-        return {"mfu": value} if value else {}
-
-    def _precondition(self, scenario: Scenario) -> str:
+    def _precondition(self, scenario: BaseScenario) -> str:
         """Why this scenario cannot run here, or "" if it can."""
         topology = getattr(self.launcher, "topology", None)
         keys = self.profile.variant_keys
         if scenario.only_on and not set(scenario.only_on) & set(keys):
             return f"runs on {', '.join(scenario.only_on)} profiles only; this is {self.profile.name}"
+        reason = scenario.precondition(self.profile.device)
+        if reason:
+            return reason
         if self.profile.max_world_size and scenario.world_size > self.profile.max_world_size:
             return (
                 f"needs {scenario.world_size} ranks; profile {self.profile.name} runs at most "
@@ -238,39 +255,37 @@ class PerfSession:
                 return str(exc)
         return ""
 
-    def _measure(self, scenario: Scenario) -> Measurement:
+    def _measure(self, scenario: BaseScenario) -> Measurement:
         launches: list[LaunchOutcome] = []
         runs: list[ScenarioMetrics] = []
+        work = scenario.step_work()
         for _ in range(self.settings.repeats):
             outcome = self.launcher.run(self._job(scenario))
             launches.append(outcome)
             self._note_nodes(outcome)
             if outcome.status != "ok":
                 return Measurement(tuple(launches), None)
-            runs.append(aggregate(outcome.reports, scenario.global_batch, scenario.seq_len))
-        return Measurement(tuple(launches), pool(runs, scenario.global_batch, scenario.seq_len))
+            runs.append(aggregate(outcome.reports, work, scenario.metrics))
+        return Measurement(tuple(launches), pool(runs, work, scenario.metrics))
 
-    def _job(self, scenario: Scenario) -> WorkerJob:
+    def _job(self, scenario: BaseScenario) -> WorkerJob:
         workdir = Path(tempfile.mkdtemp(prefix=f"{scenario.id}-", dir=self._workroot))
         timeout = self.settings.timeout_s or scenario.timeout_s or self.profile.timeout_s
-        spec = {
-            "scenario": scenario.to_config(),
-            "run": {
-                "device": self.profile.device,
-                "reports_dir": str(workdir / "reports"),
-                "rank_memory_budget_mib": self.profile.rank_memory_budget_mib,
-                "device_memory_cap_mib": self.profile.device_memory_cap_mib,
-                "steady_threshold": self.profile.steady_threshold,
-                "slowdown_pct": self.settings.slowdown_pct,
-                "seed": 0,
-            },
-        }
+        rank_job = RankJob(
+            spec=scenario.rank_spec(),
+            device=self.profile.device,
+            reports_dir=str(workdir / "reports"),
+            rank_memory_budget_mib=self.profile.rank_memory_budget_mib,
+            device_memory_cap_mib=self.profile.device_memory_cap_mib,
+            steady_threshold=self.profile.steady_threshold,
+            slowdown_pct=self.settings.slowdown_pct,
+        )
         topology = getattr(self.launcher, "topology", None)
         per_node = topology.ranks_per_node(scenario.world_size) if topology else None
-        return WorkerJob(spec, scenario.world_size, timeout, workdir, self.settings.worker_env, per_node)
+        return WorkerJob(rank_job, scenario.world_size, timeout, workdir, self.settings.worker_env, per_node)
 
     # -- judgement ------------------------------------------------------------
-    def _judge(self, scenario: Scenario, measurement: Measurement, baseline: BaselineEntry | None) -> Judgement:
+    def _judge(self, scenario: BaseScenario, measurement: Measurement, baseline: BaselineEntry | None) -> Judgement:
         outcome, metrics = measurement.outcome, measurement.metrics
         if outcome.status == "skipped":
             return Judgement("skipped", outcome.skip_reason)
@@ -282,37 +297,41 @@ class PerfSession:
         if decided is not None or metrics is None or baseline is None:
             return decided or Judgement("error", "no metrics")
         changes = tuple(stack_changes(dict(baseline.fingerprint), self.current_fingerprint()))
-        if metrics.samples_per_s.cv > self.profile.max_cv:
+        primary = metrics.summary(scenario.primary)
+        if primary is not None and primary.cv > self.profile.max_cv:
             return Judgement(
                 "unreliable",
-                f"samples/s varies too much to judge: CV {metrics.samples_per_s.cv:.1%} over this "
+                f"{scenario.primary} varies too much to judge: CV {primary.cv:.1%} over this "
                 f"profile's limit {self.profile.max_cv:.0%} (busy or throttled machine?)",
                 stack_changes=changes,
             )
-        tolerances = resolve_tolerances(self.profile.tolerances, scenario.tolerances, baseline)
-        judgement = judge_metrics(metrics, baseline, tolerances, self.compare)
+        tolerances = resolve_tolerances(self._defaults(scenario), scenario.tolerances, baseline)
+        judgement = judge_metrics(metrics, baseline, tolerances, self.compare, scenario.metrics)
         if judgement.verdict != "regression":
             judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
         return Judgement(judgement.verdict, judgement.message, judgement.checks, changes)
 
+    def _defaults(self, scenario: BaseScenario) -> dict[str, float]:
+        return self.profile.default_tolerances(scenario.metrics)
+
     # -- baselines ------------------------------------------------------------
-    def _record(self, scenario: Scenario, result: ScenarioResult) -> Judgement:
+    def _record(self, scenario: BaseScenario, result: ScenarioResult) -> Judgement:
         metrics: dict[str, Any] = {}
         tolerances: dict[str, float] | None = None
         extra: dict[str, Any] = {}
         if result.metrics is not None:
-            m = result.metrics
-            metrics = {
-                "samples_per_s": m.samples_per_s.__dict__,
-                "peak_mem_mib": round(m.peak_mem_mib, 1),
-                "model_state_bytes_per_rank": m.model_state_bytes_per_rank,
-            }
+            metrics = baseline_metrics(result.metrics)
             if self.settings.calibrate:
-                tolerances, extra["calibration"] = calibrated_tolerances(m, self.profile)
+                tolerances, extra["calibration"] = calibrated_tolerances(result.metrics, self._defaults(scenario))
         entry = self.store.record(
-            scenario.group, scenario.id, result.status, metrics, self.current_fingerprint(),
-            tolerances=tolerances, extra=extra,
-        )  # fmt: skip
+            scenario.group,
+            scenario.id,
+            result.status,
+            metrics,
+            self.current_fingerprint(),
+            tolerances=tolerances,
+            extra=extra,
+        )
         result.baseline = entry
         what = "baseline and calibrated tolerances" if tolerances else "baseline"
         return Judgement("recorded", f"{what} recorded in {self.store.path(scenario.group)}")
@@ -333,21 +352,38 @@ class PerfSession:
         return evaluate(relation, left, right, left.scenario.world_size)
 
 
-def _attempt(measurement: Measurement, judgement: Judgement) -> dict[str, Any]:
-    m = measurement.metrics
+def baseline_metrics(metrics: ScenarioMetrics) -> dict[str, Any]:
+    """Every measured metric as a baseline stores it: {mean, std, n} where kept
+    with its spread, else the number (floats to 6 significant digits)."""
+    stored: dict[str, Any] = {}
+    for name, value in metrics.values.items():
+        if isinstance(value, Summary):
+            stored[name] = asdict(value)
+        elif registry.get(name).noisy and isinstance(value, float):
+            stored[name] = float(f"{value:.6g}")
+        else:
+            stored[name] = value  # exact: kept as measured
+    return stored
+
+
+def _attempt(scenario: BaseScenario, measurement: Measurement, judgement: Judgement) -> dict[str, Any]:
+    stored = baseline_metrics(measurement.metrics) if measurement.metrics else {}
     return {
         "status": measurement.status,
         "verdict": judgement.verdict,
         "message": judgement.message,
-        "samples_per_s": m.samples_per_s.__dict__ if m else None,
-        "peak_mem_mib": m.peak_mem_mib if m else None,
+        **{name: stored.get(name) for name in scenario.metrics},
     }
 
 
-def _confirmed(judgement: Judgement, attempts: list[dict[str, Any]]) -> Judgement:
-    seen = ", ".join(f"{a['samples_per_s']['mean']:.4g}" for a in attempts if a["samples_per_s"])
-    note = f" [confirmed by {len(attempts) - 1} fresh measurement(s); samples/s per measurement: {seen}]"
+def _confirmed(judgement: Judgement, attempts: list[dict[str, Any]], primary: str) -> Judgement:
+    seen = ", ".join(f"{_mean(a[primary]):.4g}" for a in attempts if a[primary] is not None)
+    note = f" [confirmed by {len(attempts) - 1} fresh measurement(s); {primary} per measurement: {seen}]"
     return Judgement(judgement.verdict, judgement.message + note, judgement.checks, judgement.stack_changes)
+
+
+def _mean(stored: Any) -> float:
+    return float(stored["mean"] if isinstance(stored, dict) else stored)
 
 
 def _unconfirmed(judgement: Judgement, attempts: list[dict[str, Any]]) -> Judgement:
@@ -359,22 +395,27 @@ def _unconfirmed(judgement: Judgement, attempts: list[dict[str, Any]]) -> Judgem
     return Judgement(judgement.verdict, note + judgement.message, judgement.checks, judgement.stack_changes)
 
 
-def calibrated_tolerances(metrics: ScenarioMetrics, profile: HardwareProfile) -> tuple[dict[str, float], dict[str, Any]]:
+def calibrated_tolerances(
+    metrics: ScenarioMetrics, defaults: Mapping[str, float]
+) -> tuple[dict[str, float], dict[str, Any]]:
     """Tolerances from the spread between launches (needs ``--perf-repeats`` >= 2).
 
-    Throughput and peak memory get 3 sigma of the difference of two launches,
-    clamped to [2%, 90%]; model-state bytes keep the profile's (they are exact).
+    Noisy metrics that are gated get 3 sigma of the difference of two launches,
+    clamped to [2%, 90%]; exact ones keep their default (they do not vary).
     """
     repeats = metrics.repeats
     if len(repeats) < 2:
         raise BaselineError("calibration needs at least 2 repeats: pass --perf-repeats N with N >= 2")
-    tolerances = {"model_state_bytes_per_rank": profile.tolerances["model_state_bytes_per_rank"]}
+    tolerances: dict[str, float] = {}
     spread: dict[str, Any] = {"repeats": len(repeats)}
-    for metric in ("samples_per_s", "peak_mem_mib"):
-        cv = Summary.of([r[metric] for r in repeats]).cv
-        spread[f"cv_{metric}"] = cv
+    for name, default in defaults.items():
+        if not registry.get(name).noisy:
+            tolerances[name] = default
+            continue
+        cv = Summary.of([r[name] for r in repeats]).cv
+        spread[f"cv_{name}"] = cv
         tolerance = CALIBRATION_SIGMAS * math.sqrt(2) * cv
-        tolerances[metric] = round(min(TOLERANCE_CEILING, max(TOLERANCE_FLOOR, tolerance)), 3)
+        tolerances[name] = round(min(TOLERANCE_CEILING, max(TOLERANCE_FLOOR, tolerance)), 3)
     return tolerances, spread
 
 

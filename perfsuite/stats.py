@@ -1,17 +1,21 @@
 """Summary statistics and the aggregation of per-rank raw measurements.
 
-Workers return raw step times; everything derived (throughput, percentiles,
-memory maxima) is computed here, in one place, so the results file, the summary
-table and the verdict agree.
+Ranks return raw step times and their own values of ``rank``-source metrics;
+everything derived (rates, percentiles, the worst rank) is computed here, in
+one place and by the rules of each metric's registry entry, so the results
+file, the summary table and the verdict agree.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from perfsuite import metrics as registry
+from perfsuite.protocol import RankReport
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,10 @@ class Summary:
         return self.std / self.mean if self.mean else math.inf
 
 
+#: A metric's value: a Summary for metrics kept with their spread, else a number.
+Value = Summary | float
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile, ``q`` in [0, 100] (numpy's default method)."""
     ordered = sorted(values)
@@ -45,38 +53,41 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class ScenarioMetrics:
-    """Metrics of one successful run, as the results file contract names them."""
+    """Metrics of one successful measurement (one or more launches)."""
 
-    samples_per_s: Summary
-    tokens_per_s: float
+    values: Mapping[str, Value]
+    """Every metric the scenario's kind produces, by registry name."""
     step_time_median_s: float
     step_time_p90_s: float
-    peak_mem_mib: float
-    model_state_bytes_per_rank: int
-    per_rank: list[dict[str, Any]]
     step_times_s: list[float]
-    steady_state_start: int = 0  # warmup steps run before measuring (first repeat)
-    health: list[dict[str, Any]] = field(default_factory=list)  # per rank, first repeat
-    repeats: list[dict[str, Any]] = field(default_factory=list)  # one summary per launch
+    """Slowest-rank time of each measured step (all launches)."""
+    per_rank: list[dict[str, Any]] = field(default_factory=list)
+    """Each rank's own figures (first launch)."""
+    steady_state_start: int = 0
+    """Warmup steps run before measuring (first launch)."""
+    health: list[dict[str, Any]] = field(default_factory=list)
+    """Per rank, first launch."""
+    repeats: list[dict[str, Any]] = field(default_factory=list)
+    """Each launch's value of every metric."""
+
+    def value(self, name: str) -> float:
+        """The number compared with baselines and in relations (a Summary's mean)."""
+        v = self.values[name]
+        return v.mean if isinstance(v, Summary) else float(v)
+
+    def summary(self, name: str) -> Summary | None:
+        v = self.values.get(name)
+        return v if isinstance(v, Summary) else None
 
     def imbalance(self, name: str) -> float:
         """max / min across ranks of a per-rank figure (1.0 = balanced)."""
         values = [float(rank[name]) for rank in self.per_rank]
         return max(values) / min(values) if values and min(values) > 0 else 1.0
 
-    def metric(self, name: str) -> float:
-        """Scalar value of a gated metric, as compared with a baseline."""
-        if name == "samples_per_s":
-            return self.samples_per_s.mean
-        return float(getattr(self, name))
-
     def to_json(self) -> dict[str, Any]:
         return {
-            "samples_per_s": asdict(self.samples_per_s),
-            "tokens_per_s": self.tokens_per_s,
+            **{name: asdict(v) if isinstance(v, Summary) else v for name, v in self.values.items()},
             "step_time_s": {"median": self.step_time_median_s, "p90": self.step_time_p90_s},
-            "peak_mem_mib": self.peak_mem_mib,
-            "model_state_bytes_per_rank": self.model_state_bytes_per_rank,
             "per_rank": self.per_rank,
             "step_times_s": self.step_times_s,
             "steady_state_start": self.steady_state_start,
@@ -85,73 +96,90 @@ class ScenarioMetrics:
         }
 
     def repeat_summary(self) -> dict[str, Any]:
-        return {
-            "samples_per_s": self.samples_per_s.mean,
-            "samples_per_s_std": self.samples_per_s.std,
-            "peak_mem_mib": self.peak_mem_mib,
-            "steady_state_start": self.steady_state_start,
-        }
+        return {**{name: self.value(name) for name in self.values}, "step_time_median_s": self.step_time_median_s}
 
 
-def aggregate(
-    ranks: Sequence[Mapping[str, Any]], global_batch: int, seq_len: int
-) -> ScenarioMetrics:
-    """Combine per-rank worker reports into scenario metrics.
+def aggregate(ranks: Sequence[RankReport], work: Mapping[str, float], names: Sequence[str]) -> ScenarioMetrics:
+    """Combine the reports of one launch into the metrics ``names``.
 
-    A synchronous training step is as slow as its slowest rank, so the step time
-    of step *i* is the max over ranks; memory is reported for the worst rank.
+    A synchronous step is as slow as its slowest rank, so rates use the max
+    over ranks of each step's time; ``rank`` metrics combine by their entry's
+    ``across_ranks`` (max: the worst rank).
     """
-    per_step = [max(times) for times in zip(*(r["step_times_s"] for r in ranks), strict=True)]
-    metrics = _from_steps(per_step, global_batch, seq_len)
-    return replace(
-        metrics,
-        peak_mem_mib=max(r["peak_mem_mib"] for r in ranks),
-        model_state_bytes_per_rank=max(r["model_state"]["total"] for r in ranks),
-        per_rank=[_rank_row(r, global_batch) for r in ranks],
-        steady_state_start=int(ranks[0].get("steady_state_start", 0)),
-        health=[{"rank": r["rank"], **r.get("health", {})} for r in ranks],
+    per_step = [max(times) for times in zip(*(r.step_times_s for r in ranks), strict=True)]
+    values = _values(names, work, per_step, lambda m: _reduce(m.across_ranks, [_reported(r, m.name) for r in ranks]))
+    return ScenarioMetrics(
+        values=values,
+        step_time_median_s=statistics.median(per_step),
+        step_time_p90_s=percentile(per_step, 90),
+        step_times_s=per_step,
+        per_rank=[_rank_row(r, work, names) for r in ranks],
+        steady_state_start=ranks[0].steady_state_start,
+        health=[{"rank": r.rank, **r.health} for r in ranks],
     )
 
 
-def pool(runs: Sequence[ScenarioMetrics], global_batch: int, seq_len: int) -> ScenarioMetrics:
-    """Metrics of several launches of one scenario: step samples pooled, memory
-    the worst launch's, and one summary per launch under ``repeats``."""
+def pool(runs: Sequence[ScenarioMetrics], work: Mapping[str, float], names: Sequence[str]) -> ScenarioMetrics:
+    """Metrics of several launches of one scenario: step samples pooled, other
+    metrics combined by their entry's ``across_launches``, and each launch's
+    values kept under ``repeats``."""
+    per_step = [t for run in runs for t in run.step_times_s]
+    values = _values(names, work, per_step, lambda m: _reduce(m.across_launches, [run.value(m.name) for run in runs]))
     first = runs[0]
-    pooled = _from_steps([t for run in runs for t in run.step_times_s], global_batch, seq_len)
-    return replace(
-        first,
-        samples_per_s=pooled.samples_per_s,
-        tokens_per_s=pooled.tokens_per_s,
-        step_time_median_s=pooled.step_time_median_s,
-        step_time_p90_s=pooled.step_time_p90_s,
-        step_times_s=pooled.step_times_s,
-        peak_mem_mib=max(run.peak_mem_mib for run in runs),
-        model_state_bytes_per_rank=max(run.model_state_bytes_per_rank for run in runs),
+    return ScenarioMetrics(
+        values=values,
+        step_time_median_s=statistics.median(per_step),
+        step_time_p90_s=percentile(per_step, 90),
+        step_times_s=per_step,
+        per_rank=first.per_rank,
+        steady_state_start=first.steady_state_start,
+        health=first.health,
         repeats=[run.repeat_summary() for run in runs],
     )
 
 
-def _from_steps(per_step: list[float], global_batch: int, seq_len: int) -> ScenarioMetrics:
-    samples = Summary.of([global_batch / t for t in per_step])
-    return ScenarioMetrics(
-        samples_per_s=samples,
-        tokens_per_s=samples.mean * seq_len,
-        step_time_median_s=statistics.median(per_step),
-        step_time_p90_s=percentile(per_step, 90),
-        peak_mem_mib=0.0,
-        model_state_bytes_per_rank=0,
-        per_rank=[],
-        step_times_s=per_step,
-    )
+def _values(
+    names: Sequence[str],
+    work: Mapping[str, float],
+    per_step: Sequence[float],
+    combine: Callable[[registry.Metric], float],
+) -> dict[str, Value]:
+    """``steps`` metrics as rates over ``per_step``; the others by ``combine``."""
+    values: dict[str, Value] = {}
+    for name in names:
+        metric = registry.get(name)
+        values[name] = _rate(metric, work[name], per_step) if metric.source == "steps" else combine(metric)
+    return values
 
 
-def _rank_row(report: Mapping[str, Any], global_batch: int) -> dict[str, Any]:
-    times = report["step_times_s"]
-    return {
-        "rank": report["rank"],
-        "host": report.get("host", ""),
-        "samples_per_s": global_batch / statistics.fmean(times),
-        "peak_mem_mib": report["peak_mem_mib"],
-        "memory": report.get("memory", {}),
-        "model_state": report["model_state"],
-    }
+def _rate(metric: registry.Metric, work: float, step_times: Sequence[float]) -> Value:
+    samples = Summary.of([work / t for t in step_times])
+    return samples if metric.spread else samples.mean
+
+
+def _reduce(how: str, values: Sequence[float]) -> float:
+    if how == "max":
+        return max(values)
+    if how == "min":
+        return min(values)
+    if how == "sum":
+        return sum(values)
+    return statistics.fmean(values)
+
+
+def _reported(report: RankReport, name: str) -> float:
+    if name not in report.metrics:
+        raise ValueError(
+            f"rank {report.rank} reported no value for metric {name!r} (it reported {sorted(report.metrics)}): "
+            "the workload's runner must measure every metric its kind declares"
+        )
+    return report.metrics[name]
+
+
+def _rank_row(report: RankReport, work: Mapping[str, float], names: Sequence[str]) -> dict[str, Any]:
+    mean_step = statistics.fmean(report.step_times_s)
+    row: dict[str, Any] = {"rank": report.rank, "host": report.host}
+    for name in names:
+        steps = registry.get(name).source == "steps"
+        row[name] = work[name] / mean_step if steps else _reported(report, name)
+    return {**row, "memory": dict(report.memory), "model_state": dict(report.model_state)}

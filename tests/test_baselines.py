@@ -21,14 +21,23 @@ def test_record_then_read_back(tmp_path: Path) -> None:
 def test_update_keeps_hand_set_fields_and_other_scenarios(tmp_path: Path) -> None:
     path = tmp_path / "cpu" / "g.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({
-        "schema_version": 1,
-        "scenarios": {
-            "g.a": {"expected": "ok", "metrics": {"peak_mem_mib": 1.0}, "tolerances": {"samples_per_s": 0.2},
-                    "note": "tuned by hand", "owner": "infra-team"},
-            "g.b": {"expected": "oom", "metrics": {}},
-        },
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "scenarios": {
+                    "g.a": {
+                        "expected": "ok",
+                        "metrics": {"peak_mem_mib": 1.0},
+                        "tolerances": {"samples_per_s": 0.2},
+                        "note": "tuned by hand",
+                        "owner": "infra-team",
+                    },
+                    "g.b": {"expected": "oom", "metrics": {}},
+                },
+            }
+        )
+    )
     BaselineStore(tmp_path, "cpu").record("g", "g.a", "ok", METRICS, {})
     doc = json.loads(path.read_text())
     a = doc["scenarios"]["g.a"]

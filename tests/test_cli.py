@@ -8,8 +8,15 @@ from perfsuite.__main__ import build_parser, calibrate_args
 def test_calibrate_builds_the_pytest_command() -> None:
     ns, extra = build_parser().parse_known_args(["calibrate", "-k", "zero", "--repeats", "5", "-x"])
     assert calibrate_args(ns, extra) == [
-        "bench_tests", "--perf-calibrate", "--perf-repeats=5", "-p", "no:cacheprovider", "-k", "zero", "-x",
-    ]  # fmt: skip
+        "bench_tests",
+        "--perf-calibrate",
+        "--perf-repeats=5",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "zero",
+        "-x",
+    ]
 
 
 def test_calibrate_refuses_a_single_repeat() -> None:

@@ -14,7 +14,13 @@ from perfsuite.stats import ScenarioMetrics, Summary
 
 
 def metrics(throughput: float, peak: float, state: int = 1000) -> ScenarioMetrics:
-    return ScenarioMetrics(Summary(throughput, 1.0, 10), throughput * 16, 0.1, 0.12, peak, state, [], [])
+    values = {
+        "samples_per_s": Summary(throughput, 1.0, 10),
+        "tokens_per_s": throughput * 16,
+        "peak_mem_mib": peak,
+        "model_state_bytes_per_rank": state,
+    }
+    return ScenarioMetrics(values, step_time_median_s=0.1, step_time_p90_s=0.12, step_times_s=[])
 
 
 def entry(throughput: float, peak: float, tolerances: dict[str, float] | None = None) -> BaselineEntry:

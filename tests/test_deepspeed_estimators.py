@@ -24,7 +24,6 @@ fp32 master + 8 moments), plus the 16-bit params in full under ZeRO-2.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -32,9 +31,10 @@ from typing import Any
 
 import pytest
 
+from perfsuite import ModelSpec, Scenario
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.torchrun import LocalTorchrun
-from perfsuite.scenario import ModelSpec, Scenario
+from perfsuite.protocol import RankJob
 
 WORLD = 2
 # Many small layers, small vocab: ZeRO-1/2 keep the whole gradient of every
@@ -51,29 +51,34 @@ def deepspeed(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
     """deepspeed, imported as the worker does (CPU accelerator), or a precise skip."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("DS_ACCELERATOR", "cpu")
-        return pytest.importorskip(
-            "deepspeed", reason="deepspeed is not installed: pip install 'perfsuite[deepspeed]'"
-        )
+        return pytest.importorskip("deepspeed", reason="deepspeed is not installed: pip install 'perfsuite[deepspeed]'")
 
 
 def measure(tmp_path: Path, stage: int, options: Mapping[str, Any]) -> list[dict[str, int]]:
     """Per-rank model_state of a 2-rank bf16 run of MODEL under ZeRO-``stage``."""
     scenario = Scenario(
-        "deepspeed_estimators", f"zero{stage}", MODEL, precision="bf16",
-        strategy="deepspeed_zero", strategy_options={"stage": stage, **options},
-        world_size=WORLD, micro_batch=1, global_batch=WORLD, seq_len=32, warmup_steps=1, steps=2,
-    )  # fmt: skip
-    spec = {"scenario": scenario.to_config(), "run": {"device": "cpu", "reports_dir": str(tmp_path / "reports")}}
-    outcome = LocalTorchrun().run(WorkerJob(spec=spec, world_size=WORLD, timeout_s=240, workdir=tmp_path))
+        "deepspeed_estimators",
+        f"zero{stage}",
+        MODEL,
+        precision="bf16",
+        strategy="deepspeed_zero",
+        strategy_options={"stage": stage, **options},
+        world_size=WORLD,
+        micro_batch=1,
+        global_batch=WORLD,
+        seq_len=32,
+        warmup_steps=1,
+        steps=2,
+    )
+    job = RankJob(spec=scenario.rank_spec(), device="cpu", reports_dir=str(tmp_path / "reports"))
+    outcome = LocalTorchrun().run(WorkerJob(job, world_size=WORLD, timeout_s=240, workdir=tmp_path))
     if outcome.status == "skipped":
         pytest.skip(outcome.skip_reason)
     assert outcome.status == "ok", outcome.failure.describe() if outcome.failure else outcome.status
-    return [report["model_state"] for report in outcome.reports]
+    return [dict(report.model_state) for report in outcome.reports]
 
 
-def estimator_gpu_bytes(
-    monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str, model: Any
-) -> int:
+def estimator_gpu_bytes(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str, model: Any) -> int:
     """Call ``<name>_all_live`` and return the per-GPU bytes of its no-offload row."""
     rows: list[tuple[dict[str, Any], tuple[int, ...]]] = []
     compute: Callable[..., tuple[int, ...]] = getattr(module, name)
@@ -89,9 +94,9 @@ def estimator_gpu_bytes(
 
 
 def built_model() -> Any:
-    from perfsuite.worker.models import build_model
+    from perfsuite.models.build import build_model
 
-    return build_model({"model": dataclasses.asdict(MODEL)})
+    return build_model(MODEL)
 
 
 def assert_close(measured: list[dict[str, int]], expected: float, what: str) -> None:

@@ -4,8 +4,13 @@ import pytest
 
 from perfsuite.flops import flops_per_iteration, mfu
 
-GPT_1_3B = {"model": {"layers": 24, "hidden": 2048, "vocab": 50304}, "global_batch": 4, "seq_len": 1024,
-            "precision": "fp16", "world_size": 4}  # fmt: skip
+GPT_1_3B = {
+    "model": {"layers": 24, "hidden": 2048, "vocab": 50304},
+    "global_batch": 4,
+    "seq_len": 1024,
+    "precision": "fp16",
+    "world_size": 4,
+}
 
 
 def test_megatron_formula_matches_6nd_plus_attention() -> None:

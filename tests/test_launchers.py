@@ -6,9 +6,19 @@ from pathlib import Path
 
 import pytest
 
+from perfsuite import ModelSpec, Scenario
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.slurm import SlurmLauncher, first_host, topology_from_env
 from perfsuite.launch.torchrun import Topology, TopologyError, TorchrunLauncher
+from perfsuite.protocol import RankJob
+
+
+def rank_job(tmp_path: Path, world: int) -> RankJob:
+    scenario = Scenario(
+        "g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=world, micro_batch=1, global_batch=world, seq_len=16
+    )
+    return RankJob(spec=scenario.rank_spec(), device="cpu", reports_dir=str(tmp_path / "reports"))
+
 
 ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "8", "SLURM_JOB_NODELIST": "gpu[07-08]"}
 
@@ -31,15 +41,20 @@ def test_slurm_outside_an_allocation_is_a_clear_error() -> None:
 
 def test_slurm_starts_one_torchrun_agent_per_node(tmp_path: Path) -> None:
     launcher = SlurmLauncher(topology_from_env(ENV, expand=expand))
-    job = WorkerJob(spec={}, world_size=16, timeout_s=60, workdir=tmp_path)
+    job = WorkerJob(rank_job(tmp_path, 16), world_size=16, timeout_s=60, workdir=tmp_path)
     (cmd,) = launcher.commands(job, launcher.endpoint(), "run1")
     assert cmd[:5] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--export=ALL"]
     assert cmd[5:7] == ["bash", "-c"]
     inner = cmd[7]
     words = shlex.split(inner)
     assert words[1:3] == ["-m", "torch.distributed.run"]
-    for flag, value in (("--nnodes", "2"), ("--nproc-per-node", "8"), ("--rdzv-backend", "c10d"),
-                        ("--rdzv-endpoint", "gpu07:29400"), ("--rdzv-id", "run1")):  # fmt: skip
+    for flag, value in (
+        ("--nnodes", "2"),
+        ("--nproc-per-node", "8"),
+        ("--rdzv-backend", "c10d"),
+        ("--rdzv-endpoint", "gpu07:29400"),
+        ("--rdzv-id", "run1"),
+    ):
         assert words[words.index(flag) + 1] == value
     # Each node's agent logs under logs/node<SLURM_NODEID>, expanded on that node.
     assert f'"{tmp_path / "logs" / "node"}$SLURM_NODEID"' in inner
@@ -53,7 +68,7 @@ def test_world_size_must_split_over_nodes() -> None:
 
 
 def test_global_rank_maps_to_node_and_local_rank(tmp_path: Path) -> None:
-    job = WorkerJob(spec={}, world_size=4, timeout_s=1, workdir=tmp_path, nproc_per_node=2)
+    job = WorkerJob(rank_job(tmp_path, 4), world_size=4, timeout_s=1, workdir=tmp_path, nproc_per_node=2)
     assert [job.node_of(r) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
@@ -79,9 +94,13 @@ def test_two_agents_rendezvous_over_loopback(pytester: pytest.Pytester) -> None:
     out = pytester.path / "r.json"
     port = TorchrunLauncher().endpoint().rsplit(":", 1)[1]
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--perf-launcher=torchrun", "--perf-nnodes=2",
-        f"--perf-rdzv-endpoint=127.0.0.1:{port}", f"--perf-json={out}",
-    )  # fmt: skip
+        "-p",
+        "no:cacheprovider",
+        "--perf-launcher=torchrun",
+        "--perf-nnodes=2",
+        f"--perf-rdzv-endpoint=127.0.0.1:{port}",
+        f"--perf-json={out}",
+    )
     result.assert_outcomes(skipped=1)  # no baseline: it trained and was measured
     (res,) = json.loads(out.read_text())["results"]
     assert res["status"] == "ok" and res["launch"]["launcher"] == "torchrun" and res["launch"]["nnodes"] == 2

@@ -70,12 +70,12 @@ def test_results_file_follows_the_contract(project: pytest.Pytester) -> None:
 
 
 OOM_CONFTEST = """
-from perfsuite.profiles import CPU_TOLERANCES, HardwareProfile
+from perfsuite.profiles import HardwareProfile
 
 def pytest_perfsuite_profiles():
     # 256 MiB per rank above the imported libraries: the tiny BERT fits, a
     # 28M-parameter one (450 MiB of weights, grads and Adam states) cannot.
-    return [HardwareProfile("cpu-256m", "cpu", CPU_TOLERANCES, rank_memory_budget_mib=256, aliases=("cpu",))]
+    return [HardwareProfile("cpu-256m", "cpu", rank_memory_budget_mib=256, aliases=("cpu",))]
 """
 BIG = 'ModelSpec("bert", layers=4, hidden=512, heads=8, vocab=30522, max_positions=32)'
 
@@ -100,7 +100,7 @@ def test_expected_oom_passes_and_unexpected_outcomes_fail(project: pytest.Pytest
     result.stdout.fnmatch_lines(["mem.big-expected*oom*expected_oom*", "mem.big-unexpected*oom*unexpected_oom*"])
 
 
-FAULTS = '''
+FAULTS = """
 import os, sys, time
 from perfsuite.strategies.ddp import DDPStrategy
 
@@ -116,22 +116,30 @@ class Hang(DDPStrategy):
             print("rank 1 about to hang", file=sys.stderr, flush=True)
             time.sleep(3600)
         return super().forward_backward(batch, sync_grads)
-'''
+"""
 
 
 @pytest.mark.parametrize(
     ("strategy", "timeout", "expected"),
     [
         ("faults:Crash", 120, ["*tiny.fault: error: workers crash: rank 1 during wrap*planted failure on rank 1*"]),
-        ("faults:Hang", 25, ["*tiny.fault: error: workers timeout: rank 1 during warmup step 0*",
-                             '*File "*faults.py", line * in forward_backward*'])
+        (
+            "faults:Hang",
+            25,
+            [
+                "*tiny.fault: error: workers timeout: rank 1 during warmup step 0*",
+                '*File "*faults.py", line * in forward_backward*',
+            ],
+        ),
     ],
 )
 def test_failed_worker_is_reported_with_rank_and_leaves_nothing_behind(
     project: pytest.Pytester, strategy: str, timeout: int, expected: list[str]
 ) -> None:
     project.makepyfile(faults=FAULTS)
-    project.makepyfile(test_bench=bench_module(f'Scenario("tiny", "fault", TINY, {TINY_SHAPE}, strategy="{strategy}"),'))
+    project.makepyfile(
+        test_bench=bench_module(f'Scenario("tiny", "fault", TINY, {TINY_SHAPE}, strategy="{strategy}"),')
+    )
     start = time.monotonic()
     result = run(project, f"--perf-timeout={timeout}")
     elapsed = time.monotonic() - start
@@ -164,8 +172,10 @@ def test_bad_scenario_fails_collection_naming_the_field(pytester: pytest.Pyteste
 
 @pytest.mark.parametrize(
     ("flag", "message"),
-    [("--perf-profile=warp-drive", "*unknown profile 'warp-drive' for --perf-profile*"),
-     ("--perf-timeout=-3", "*--perf-timeout must be a positive number*")],
+    [
+        ("--perf-profile=warp-drive", "*unknown profile 'warp-drive' for --perf-profile*"),
+        ("--perf-timeout=-3", "*--perf-timeout must be a positive number*"),
+    ],
 )
 def test_bad_flag_is_a_usage_error(pytester: pytest.Pytester, flag: str, message: str) -> None:
     pytester.makepyfile(test_bench=bench_module(ONE))
@@ -175,7 +185,8 @@ def test_bad_flag_is_a_usage_error(pytester: pytest.Pytester, flag: str, message
 
 
 def test_hooks_choose_profile_and_add_metrics(project: pytest.Pytester) -> None:
-    project.makeconftest(textwrap.dedent('''
+    project.makeconftest(
+        textwrap.dedent("""
         from perfsuite.profiles import CPU
         import dataclasses
 
@@ -187,7 +198,8 @@ def test_hooks_choose_profile_and_add_metrics(project: pytest.Pytester) -> None:
 
         def pytest_perfsuite_extra_metrics(result):
             return {"loss_last": result.metrics.step_times_s[-1] > 0}
-    '''))
+    """)
+    )
     project.makepyfile(test_bench=bench_module(ONE))
     out = project.path / "r.json"
     run(project, "--perf-update-baselines", f"--perf-json={out}").assert_outcomes(passed=1)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -18,13 +18,17 @@ class Fake:
     scenario: Scenario
     status: str
     metrics: ScenarioMetrics | None
-    judgement: Judgement = Judgement("pass", "")
+    judgement: Judgement = field(default_factory=lambda: Judgement("pass", ""))
 
 
 def result(scenario: Scenario, throughput: float, optimizer: int, status: str = "ok") -> Fake:
-    ranks = [{"rank": r, "model_state": {"params": 10, "grads": 10, "optimizer": optimizer, "total": 20 + optimizer}}
-             for r in (0, 1)]
-    metrics = ScenarioMetrics(Summary(throughput, 1, 5), 0, 0, 0, 100, 20 + optimizer, ranks, [])
+    values = {
+        "samples_per_s": Summary(throughput, 1, 5),
+        "peak_mem_mib": 100.0,
+        "model_state_bytes_per_rank": 20 + optimizer,
+        "model_state.optimizer": optimizer,
+    }
+    metrics = ScenarioMetrics(values, step_time_median_s=0.1, step_time_p90_s=0.1, step_times_s=[])
     return Fake(scenario, status, metrics if status == "ok" else None)
 
 

@@ -73,7 +73,7 @@ def test_parametrize_rejects_duplicate_ids() -> None:
 
 
 def test_spec_is_frozen() -> None:
-    scenario = make(strategy_options={"stage": 1})
+    scenario = make(strategy="deepspeed_zero", strategy_options={"stage": 1})
     with pytest.raises(AttributeError):
         scenario.steps = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -89,27 +89,57 @@ GPT = ModelSpec("megatron_gpt", layers=4, hidden=64, heads=4, vocab=512, max_pos
         ({"tp": 3}, 4, "tp=3 x pp=1 = 3 does not divide world_size=4"),
         ({"pp": 3, "schedule": "gpipe"}, 3, "4 layers do not split evenly into 3 pipeline stages"),
         ({"pp": 2}, 2, "1f1b needs microbatches (1) >= pp (2)"),
-        ({"tp": 2, "pp": 2, "schedule": "zigzag"}, 4, "schedule must be one of"),
+        ({"tp": 2, "pp": 2, "schedule": "zigzag"}, 4, "option 'schedule': must be one of"),
         ({"pp": 2, "schedule": "interleaved_1f1b", "microbatches": 2}, 2, "virtual_stages >= 2"),
     ],
 )
 def test_bad_parallel_layout_is_refused_with_a_readable_error(options: dict, world: int, message: str) -> None:
     with pytest.raises(ScenarioError, match="field 'strategy_options'") as info:
-        Scenario("g", "n", GPT, strategy_options=options, world_size=world, micro_batch=1, global_batch=world, seq_len=16)
+        Scenario(
+            "g",
+            "n",
+            GPT,
+            strategy="tp_pp",
+            strategy_options=options,
+            world_size=world,
+            micro_batch=1,
+            global_batch=world,
+            seq_len=16,
+        )
     assert message in str(info.value)
 
 
 def test_layout_derives_dp_and_checks_pipeline_batch() -> None:
-    ok = Scenario("g", "n", GPT, strategy_options={"tp": 2, "pp": 2, "microbatches": 4}, world_size=8,
-                  micro_batch=1, global_batch=8, seq_len=16)  # fmt: skip
+    ok = Scenario(
+        "g",
+        "n",
+        GPT,
+        strategy="tp_pp",
+        strategy_options={"tp": 2, "pp": 2, "microbatches": 4},
+        world_size=8,
+        micro_batch=1,
+        global_batch=8,
+        seq_len=16,
+    )
     assert (ok.layout.dp, ok.layout.tp, ok.layout.pp, ok.grad_accum) == (2, 2, 2, 4)
     with pytest.raises(ScenarioError, match="micro_batch x microbatches x dp"):
-        Scenario("g", "n", GPT, strategy_options={"pp": 2, "microbatches": 4}, world_size=2,
-                 micro_batch=1, global_batch=2, seq_len=16)  # fmt: skip
+        Scenario(
+            "g",
+            "n",
+            GPT,
+            strategy="tp_pp",
+            strategy_options={"pp": 2, "microbatches": 4},
+            world_size=2,
+            micro_batch=1,
+            global_batch=2,
+            seq_len=16,
+        )
 
 
 def test_bubble_fraction_formulas() -> None:
     from perfsuite.layout import ParallelLayout
 
     assert ParallelLayout(dp=1, pp=4, microbatches=8, schedule="gpipe").bubble_fraction() == pytest.approx(3 / 11)
-    assert ParallelLayout(dp=1, pp=4, microbatches=8, schedule="interleaved_1f1b", virtual_stages=2).bubble_fraction() == pytest.approx(3 / 19)
+    assert ParallelLayout(
+        dp=1, pp=4, microbatches=8, schedule="interleaved_1f1b", virtual_stages=2
+    ).bubble_fraction() == pytest.approx(3 / 19)

@@ -2,20 +2,46 @@ from __future__ import annotations
 
 import pytest
 
-from perfsuite.stats import Summary, aggregate, percentile
+from perfsuite.protocol import RankReport
+from perfsuite.stats import Summary, aggregate, percentile, pool
+
+NAMES = ("samples_per_s", "tokens_per_s", "peak_mem_mib", "model_state_bytes_per_rank")
+WORK = {"samples_per_s": 8, "tokens_per_s": 32}
 
 
-def rank(r: int, times: list[float], peak: float, state: int) -> dict:
-    return {"rank": r, "step_times_s": times, "peak_mem_mib": peak, "model_state": {"total": state}}
+def rank(r: int, times: list[float], peak: float, state: int) -> RankReport:
+    return RankReport(
+        rank=r,
+        status="ok",
+        step_times_s=tuple(times),
+        metrics={"peak_mem_mib": peak, "model_state_bytes_per_rank": state},
+    )
 
 
 def test_step_time_is_slowest_rank_and_memory_worst_rank() -> None:
-    m = aggregate([rank(0, [1.0, 2.0], 100, 10), rank(1, [2.0, 1.0], 300, 30)], global_batch=8, seq_len=4)
+    m = aggregate([rank(0, [1.0, 2.0], 100, 10), rank(1, [2.0, 1.0], 300, 30)], WORK, NAMES)
     assert m.step_times_s == [2.0, 2.0]
-    assert m.samples_per_s == Summary(4.0, 0.0, 2)
-    assert m.tokens_per_s == 16.0
-    assert m.peak_mem_mib == 300 and m.model_state_bytes_per_rank == 30
-    assert [r["rank"] for r in m.per_rank] == [0, 1]
+    assert m.summary("samples_per_s") == Summary(4.0, 0.0, 2)
+    assert m.values["tokens_per_s"] == 16.0  # no spread kept: a number, as the results file has it
+    assert m.value("peak_mem_mib") == 300 and m.value("model_state_bytes_per_rank") == 30
+    assert [(r["rank"], r["samples_per_s"], r["peak_mem_mib"]) for r in m.per_rank] == [
+        (0, 16 / 3, 100),
+        (1, 16 / 3, 300),
+    ]
+
+
+def test_launches_pool_steps_and_reduce_rank_metrics_by_their_entry() -> None:
+    first = aggregate([rank(0, [1.0, 1.0], 100, 10), rank(1, [1.0, 1.0], 100, 10)], WORK, NAMES)
+    second = aggregate([rank(0, [2.0, 2.0], 250, 10), rank(1, [2.0, 2.0], 90, 10)], WORK, NAMES)
+    pooled = pool([first, second], WORK, NAMES)
+    assert pooled.summary("samples_per_s") is not None and pooled.summary("samples_per_s").n == 4
+    assert pooled.value("samples_per_s") == 6.0 and pooled.value("peak_mem_mib") == 250
+    assert [r["samples_per_s"] for r in pooled.repeats] == [8.0, 4.0]
+
+
+def test_a_declared_metric_no_rank_reported_is_an_error() -> None:
+    with pytest.raises(ValueError, match="rank 0 reported no value for metric 'peak_mem_mib'"):
+        aggregate([RankReport(rank=0, status="ok", step_times_s=(1.0,))], WORK, NAMES)
 
 
 def test_summary_and_percentiles() -> None:

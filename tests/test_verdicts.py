@@ -12,10 +12,12 @@ import pytest
 from perfsuite import ModelSpec, Scenario
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
 from perfsuite.profiles import CPU
+from perfsuite.protocol import RankReport
 from perfsuite.session import PerfSession, RunSettings
 
-SCENARIO = Scenario("g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=2,
-                    global_batch=4, seq_len=16, steps=5)  # fmt: skip
+SCENARIO = Scenario(
+    "g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=2, global_batch=4, seq_len=16, steps=5
+)
 FINGERPRINT = {"gpus": [], "gpu_count": 0, "packages": {"torch": "2.13.0"}}
 
 
@@ -32,11 +34,23 @@ class FakeLauncher(Launcher):
     def run(self, job: WorkerJob) -> LaunchOutcome:
         self.count += 1
         times = list(next(self.launches))
+        state = {"params": 1, "grads": 1, "optimizer": 2, "total": 4}
         reports = [
-            {"rank": r, "status": "ok", "step_times_s": times, "peak_mem_mib": self.peaks[r], "steady_state_start": 2,
-             "model_state": {"params": 1, "grads": 1, "optimizer": 2, "total": 4}, "runtime": {"torch": "2.13.0"}}
+            RankReport(
+                rank=r,
+                status="ok",
+                step_times_s=tuple(times),
+                steady_state_start=2,
+                runtime={"torch": "2.13.0"},
+                model_state=state,
+                metrics={
+                    "peak_mem_mib": self.peaks[r],
+                    "model_state_bytes_per_rank": 4,
+                    **{f"model_state.{k}": v for k, v in state.items() if k != "total"},
+                },
+            )
             for r in (0, 1)
-        ]  # fmt: skip
+        ]
         return LaunchOutcome("ok", reports)
 
 
@@ -45,8 +59,9 @@ SLOW = [t * 2 for t in STEADY]  # half the throughput
 NOISY = [0.05, 0.4, 0.06, 0.5, 0.05]
 
 
-def session(tmp_path: Path, launches: Sequence[Sequence[float]], fingerprint: dict | None = None,
-            **settings: object) -> tuple[PerfSession, FakeLauncher]:  # fmt: skip
+def session(
+    tmp_path: Path, launches: Sequence[Sequence[float]], fingerprint: dict | None = None, **settings: object
+) -> tuple[PerfSession, FakeLauncher]:
     launcher = FakeLauncher(launches)
     run = RunSettings(profile=CPU, baselines_dir=tmp_path / "baselines", workdir=tmp_path, **settings)  # type: ignore[arg-type]
     return PerfSession(run, fingerprint or FINGERPRINT, launcher), launcher
@@ -91,7 +106,7 @@ def test_drop_beyond_tolerance_but_not_significant_passes(tmp_path: Path) -> Non
     perf, _ = session(tmp_path, [[t * 1.8 for t in wide]], confirm=0)
     result = perf.run(SCENARIO)
     (check,) = [c for c in result.judgement.checks if c.metric == "samples_per_s"]
-    assert check.delta < -CPU.tolerances["samples_per_s"] and check.p_value > 0.05
+    assert check.delta < -CPU.tolerance("samples_per_s") and check.p_value > 0.05
     assert result.verdict == "pass"
 
 
@@ -106,7 +121,8 @@ def test_repeats_pool_fresh_launches(tmp_path: Path) -> None:
     perf, launcher = session(tmp_path, [STEADY, STEADY, SLOW], repeats=3)
     result = perf.run(SCENARIO)
     assert launcher.count == 3 and result.metrics is not None
-    assert result.metrics.samples_per_s.n == 15 and len(result.metrics.repeats) == 3
+    summary = result.metrics.summary("samples_per_s")
+    assert summary is not None and summary.n == 15 and len(result.metrics.repeats) == 3
     assert result.metrics.steady_state_start == 2
 
 
@@ -116,7 +132,7 @@ def test_calibration_writes_tolerances_that_the_next_run_uses(tmp_path: Path) ->
     record(tmp_path, *launches, repeats=4, calibrate=True)
     entry = json.loads((tmp_path / "baselines" / "cpu" / "g.json").read_text())["scenarios"]["g.s"]
     tolerance = entry["tolerances"]["samples_per_s"]
-    assert 0.1 < tolerance < 0.3 and tolerance != CPU.tolerances["samples_per_s"]
+    assert 0.1 < tolerance < 0.3 and tolerance != CPU.tolerance("samples_per_s")
     assert entry["calibration"]["repeats"] == 4
     # 30% slower than the calibrated baseline: beyond ~20%, so a regression now,
     # although the cpu profile's default (40%) would have let it through.
@@ -160,3 +176,13 @@ def test_cuda_only_scenario_skips_on_cpu_without_launching(tmp_path: Path) -> No
     result = perf.run(cuda_only)
     assert result.verdict == "skipped" and launcher.count == 0
     assert result.judgement.message == "runs on cuda profiles only; this is cpu"
+
+
+def test_cuda_only_engine_skips_on_cpu_without_launching(tmp_path: Path) -> None:
+    import dataclasses
+
+    fsdp = dataclasses.replace(SCENARIO, strategy="fairscale_fsdp")
+    perf, launcher = session(tmp_path, [])
+    result = perf.run(fsdp)
+    assert result.verdict == "skipped" and launcher.count == 0
+    assert result.judgement.message.startswith("fairscale FSDP needs CUDA")

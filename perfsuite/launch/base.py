@@ -15,7 +15,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
+
+from perfsuite.protocol import ProtocolError, RankJob, RankReport
 
 Status = Literal["ok", "oom", "timeout", "crash", "skipped"]
 
@@ -33,7 +35,7 @@ TAIL_LINES = 25
 class WorkerJob:
     """Everything a launcher needs to run one scenario once."""
 
-    spec: Mapping[str, Any]  # written to job.json and read by perfsuite.worker
+    rank_job: RankJob  # written to job.json and read by perfsuite.worker
     world_size: int
     timeout_s: float
     workdir: Path
@@ -73,7 +75,7 @@ class RankFailure:
 @dataclass(frozen=True)
 class LaunchOutcome:
     status: Status
-    reports: Sequence[Mapping[str, Any]]  # successful per-rank reports, rank order
+    reports: Sequence[RankReport]  # successful per-rank reports, rank order
     failure: RankFailure | None = None
     skip_reason: str = ""
     wall_s: float = 0.0
@@ -89,14 +91,20 @@ class Launcher(ABC):
         """Run the job to completion or timeout; leave no process behind."""
 
 
-def read_reports(job: WorkerJob) -> dict[int, dict[str, Any]]:
-    reports: dict[int, dict[str, Any]] = {}
+def read_reports(job: WorkerJob) -> dict[int, RankReport]:
+    """Reports the ranks wrote; one that does not decode fails loudly, naming
+    the field, since it means the two sides of the protocol disagree."""
+    reports: dict[int, RankReport] = {}
     for path in sorted(job.reports_dir.glob("rank*.json")):
         try:
-            report = json.loads(path.read_text())
+            raw = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue  # a rank killed mid-write: treated as missing
-        reports[int(report["rank"])] = report
+        try:
+            report = RankReport.from_json(raw)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{path}: {exc}") from None
+        reports[report.rank] = report
     return reports
 
 
@@ -123,10 +131,10 @@ def classify(job: WorkerJob, timed_out: bool, wall_s: float) -> LaunchOutcome:
     """Decide ok / oom / timeout / crash / skipped from reports and stderr."""
     reports = read_reports(job)
     ranks = range(job.world_size)
-    skipped = [r for r in reports.values() if r["status"] == "skipped"]
+    skipped = [r for r in reports.values() if r.status == "skipped"]
     if skipped:
-        return LaunchOutcome("skipped", [], skip_reason=skipped[0]["error"], wall_s=wall_s)
-    if not timed_out and all(reports.get(r, {}).get("status") == "ok" for r in ranks):
+        return LaunchOutcome("skipped", [], skip_reason=skipped[0].error, wall_s=wall_s)
+    if not timed_out and all(r in reports and reports[r].status == "ok" for r in ranks):
         return LaunchOutcome("ok", [reports[r] for r in ranks], wall_s=wall_s)
     if timed_out:
         rank = hung_rank(job, [r for r in ranks if r not in reports] or list(ranks))
@@ -137,19 +145,14 @@ def classify(job: WorkerJob, timed_out: bool, wall_s: float) -> LaunchOutcome:
     return _classify_failure(job, reports, wall_s)
 
 
-def _classify_failure(
-    job: WorkerJob, reports: Mapping[int, Mapping[str, Any]], wall_s: float
-) -> LaunchOutcome:
-    failed = [r for r in range(job.world_size) if reports.get(r, {}).get("status") != "ok"]
+def _classify_failure(job: WorkerJob, reports: Mapping[int, RankReport], wall_s: float) -> LaunchOutcome:
+    failed = [r for r in range(job.world_size) if r not in reports or reports[r].status != "ok"]
     tails = {r: stderr_tail(job, r) for r in failed}
-    oom_ranks = [
-        r for r in failed
-        if reports.get(r, {}).get("status") == "oom" or OOM_PATTERNS.search(tails[r])
-    ]
+    oom_ranks = [r for r in failed if (r in reports and reports[r].status == "oom") or OOM_PATTERNS.search(tails[r])]
     # Prefer a rank that reported its own error over one torchrun killed afterwards.
     reported = [r for r in failed if r in reports]
     rank = (oom_ranks or reported or failed)[0]
-    message = reports.get(rank, {}).get("error") or "worker exited without a report"
+    message = (reports[rank].error if rank in reports else "") or "worker exited without a report"
     failure = RankFailure(rank, message, tails[rank], read_phase(job, rank))
     return LaunchOutcome("oom" if oom_ranks else "crash", [], failure, wall_s=wall_s)
 

@@ -9,6 +9,7 @@ descendants, even ones re-parented to init after their parent died.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -46,24 +47,18 @@ def kill_tagged(token: str, root_pid: int | None = None, grace_s: float = GRACE_
     """
     procs = tagged_processes(token, root_pid)
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for proc in alive:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(alive, timeout=grace_s)
     # A process forked between the scan and the kills would survive: scan again.
     late = tagged_processes(token)
     for proc in late:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
-        except psutil.NoSuchProcess:
-            pass
     return len(procs) + len(late)
 
 

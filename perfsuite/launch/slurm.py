@@ -60,10 +60,18 @@ class SlurmLauncher(TorchrunLauncher):
         log_dir = agent.index("--log-dir") + 1
         node_log_dir = f'"{job.logs_dir / "node"}$SLURM_NODEID"'
         inner = " ".join(node_log_dir if i == log_dir else shlex.quote(a) for i, a in enumerate(agent))
-        return [[
-            "srun", f"--nodes={self.topology.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            "--export=ALL", "bash", "-c", inner,
-        ]]  # fmt: skip
+        return [
+            [
+                "srun",
+                f"--nodes={self.topology.nnodes}",
+                "--ntasks-per-node=1",
+                "--kill-on-bad-exit=1",
+                "--export=ALL",
+                "bash",
+                "-c",
+                inner,
+            ]
+        ]
 
     def endpoint(self) -> str:
         assert self.topology.rdzv_endpoint is not None  # from_env always sets it

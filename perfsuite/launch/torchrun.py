@@ -10,7 +10,6 @@ its node and local rank for the stderr tail.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -64,17 +63,29 @@ class TorchrunLauncher(Launcher):
     def agent_command(self, job: WorkerJob, endpoint: str, run_id: str, node: int) -> list[str]:
         """``python -m torch.distributed.run ...`` for the agent of one node."""
         return [
-            sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", str(self.topology.nnodes),
-            "--nproc-per-node", str(self.topology.ranks_per_node(job.world_size)),
-            "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", endpoint,
-            "--rdzv-id", run_id,
-            "--max-restarts", "0",
-            "--log-dir", str(job.logs_dir / f"node{node}"),
-            "--redirects", "3",
-            "-m", "perfsuite.worker", str(job.spec_path),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(self.topology.nnodes),
+            "--nproc-per-node",
+            str(self.topology.ranks_per_node(job.world_size)),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            run_id,
+            "--max-restarts",
+            "0",
+            "--log-dir",
+            str(job.logs_dir / f"node{node}"),
+            "--redirects",
+            "3",
+            "-m",
+            "perfsuite.worker",
+            str(job.spec_path),
+        ]
 
     def commands(self, job: WorkerJob, endpoint: str, run_id: str) -> list[list[str]]:
         return [self.agent_command(job, endpoint, run_id, node) for node in range(self.topology.agents_here)]
@@ -85,7 +96,7 @@ class TorchrunLauncher(Launcher):
     def run(self, job: WorkerJob) -> LaunchOutcome:
         token = uuid.uuid4().hex
         job.reports_dir.mkdir(parents=True, exist_ok=True)
-        job.spec_path.write_text(json.dumps(dict(job.spec), indent=2))
+        job.rank_job.write(job.spec_path)
         env = {**os.environ, **job.env, TOKEN_VAR: token}
         start = time.monotonic()
         deadline = start + job.timeout_s
@@ -96,9 +107,13 @@ class TorchrunLauncher(Launcher):
                 with open(job.workdir / f"agent{node}.log", "wb") as log:
                     procs.append(
                         subprocess.Popen(
-                            cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True,
-                        )  # fmt: skip
+                            cmd,
+                            env=env,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                        )
                     )
             for proc in procs:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))

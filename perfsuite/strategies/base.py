@@ -1,27 +1,36 @@
-"""The strategy interface: wrap model and optimizer, run one training step, and
-say which tensors make up this rank's model state."""
+"""The strategy interface (rank side): wrap model and optimizer, run one
+training step, and say which tensors make up this rank's model state.
+
+What an engine *is* (options, devices, axes, extra) is declared torch-free in
+:mod:`perfsuite.engines`; this module is what runs it."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from perfsuite.worker.memory import optimizer_state_tensors
-from perfsuite.worker.precision import Precision
+from perfsuite.engines import EngineOptions
+from perfsuite.layout import ParallelLayout
+from perfsuite.primitives import Precision, StateTensors, optimizer_state_tensors
+from perfsuite.protocol import EngineUnavailable, import_object
 
-StateTensors = Mapping[str, Iterable[torch.Tensor | None]]
-
-
-class EngineUnavailable(Exception):
-    """This strategy cannot run here; the message is the precise skip reason."""
+__all__ = [
+    "EngineUnavailable",
+    "StateTensors",
+    "Strategy",
+    "StrategyContext",
+    "TorchStrategy",
+    "load_strategy",
+    "require",
+]
 
 
 def require(module: str, extra: str) -> ModuleType:
@@ -36,13 +45,20 @@ def require(module: str, extra: str) -> ModuleType:
 
 @dataclass(frozen=True)
 class StrategyContext:
+    """What a strategy knows about its run."""
+
     device: torch.device
     rank: int
     world_size: int
     precision: str
+    """fp32, fp16 or bf16."""
     lr: float
     grad_accum: int
-    options: Mapping[str, Any]
+    """Micro-batches per step (non-pipelined strategies get one per call)."""
+    options: EngineOptions
+    """The engine's validated options (its own EngineOptions subclass)."""
+    layout: ParallelLayout
+    """dp x tp x pp of the run."""
 
 
 class Strategy(ABC):
@@ -58,7 +74,7 @@ class Strategy(ABC):
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx
 
-    @classmethod
+    @classmethod  # noqa: B027 - optional hook, a no-op by default
     def check(cls, ctx: StrategyContext) -> None:
         """Raise :class:`EngineUnavailable` if this strategy cannot run here."""
 
@@ -134,13 +150,9 @@ class TorchStrategy(Strategy):
         }
 
 
-def load_strategy(name: str) -> type[Strategy]:
-    """``"ddp"`` -> perfsuite.strategies.ddp.STRATEGY; ``"pkg.mod:Cls"`` -> that class."""
-    if ":" in name:
-        module_name, attr = name.split(":", 1)
-    else:
-        module_name, attr = f"perfsuite.strategies.{name}", "STRATEGY"
-    cls = getattr(importlib.import_module(module_name), attr)
+def load_strategy(implementation: str) -> type[Strategy]:
+    """The Strategy class at ``"package.module:Class"`` (an EngineSpec's implementation)."""
+    cls = import_object(implementation)
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-        raise TypeError(f"strategy {name!r} does not name a perfsuite Strategy subclass")
+        raise TypeError(f"strategy {implementation!r} does not name a perfsuite Strategy subclass")
     return cls

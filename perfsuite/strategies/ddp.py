@@ -12,6 +12,3 @@ class DDPStrategy(TorchStrategy):
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
-
-
-STRATEGY = DDPStrategy

@@ -12,67 +12,21 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from perfsuite.strategies.base import (
-    EngineUnavailable,
-    StateTensors,
-    Strategy,
-    StrategyContext,
-    require,
-)
-from perfsuite.worker.memory import optimizer_state_tensors
+from perfsuite.engines import ZeroOptions
+from perfsuite.primitives import StateTensors, optimizer_state_tensors
+from perfsuite.strategies.base import EngineUnavailable, Strategy, StrategyContext, require
 
-STAGES = (0, 1, 2, 3)
-OPTIONS = ("stage", "offload_optimizer", "param_persistence_threshold")
 SHM_COMM_OP = "deepspeed_shm_comm"  # deepspeed.ops.op_builder.cpu.comm.ShareMemCommBuilder.NAME
 ALL_GATHER_DEPRECATION = r"`torch\.distributed\.all_gather_into_tensor` is deprecated"
 NEVER_PRINT = 2**31 - 1  # steps_per_print: DeepSpeed logs progress every N steps
 # DeepSpeed only uses the micro-batch size for its throughput log and data
 # loader, neither of which runs here; StrategyContext does not carry it.
 MICRO_BATCH_PLACEHOLDER = 1
-
-
-@dataclass(frozen=True)
-class ZeroOptions:
-    stage: int
-    offload_optimizer: bool = False
-    # ZeRO-3 keeps parameters of at most this many elements whole on every
-    # rank; None leaves DeepSpeed's default (1e5), which on a CPU-sized model
-    # replicates nearly everything, so scaled-down scenarios lower it.
-    param_persistence_threshold: int | None = None
-
-
-def parse_options(options: Mapping[str, Any]) -> ZeroOptions:
-    """Validate strategy_options; a typo must not silently run another configuration."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"deepspeed_zero: unknown strategy_options {unknown}; allowed: {list(OPTIONS)}")
-    stage = options.get("stage")
-    if isinstance(stage, bool) or not isinstance(stage, int) or stage not in STAGES:
-        raise ValueError(f"deepspeed_zero: strategy_options['stage'] must be one of {STAGES}, got {stage!r}")
-    offload = options.get("offload_optimizer", False)
-    if not isinstance(offload, bool):
-        raise TypeError(f"deepspeed_zero: strategy_options['offload_optimizer'] must be a bool, got {offload!r}")
-    if offload and stage == 0:
-        raise ValueError("deepspeed_zero: offload_optimizer needs ZeRO stage 1, 2 or 3, got stage 0")
-    threshold = options.get("param_persistence_threshold")
-    if threshold is not None:
-        check_persistence_threshold(threshold, stage)
-    return ZeroOptions(stage, offload, threshold)
-
-
-def check_persistence_threshold(threshold: Any, stage: int) -> None:
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
-        raise ValueError(
-            f"deepspeed_zero: strategy_options['param_persistence_threshold'] must be an int >= 0, got {threshold!r}"
-        )
-    if stage != 3:
-        raise ValueError(f"deepspeed_zero: param_persistence_threshold applies to ZeRO stage 3 only, got stage {stage}")
 
 
 def import_deepspeed(device: torch.device) -> Any:
@@ -176,15 +130,18 @@ class DeepSpeedZeroStrategy(Strategy):
 
     @classmethod
     def check(cls, ctx: StrategyContext) -> None:
-        parse_options(ctx.options)
         check_precision(import_deepspeed(ctx.device), ctx.precision, ctx.device)
+
+    @property
+    def options(self) -> ZeroOptions:
+        assert isinstance(self.ctx.options, ZeroOptions)
+        return self.ctx.options
 
     def setup(self, model: nn.Module) -> None:
         # DeepSpeed's ZeRO all-gathers call an API torch 2.13 deprecates, once per rank.
         warnings.filterwarnings("ignore", message=ALL_GATHER_DEPRECATION, category=FutureWarning)
-        options = parse_options(self.ctx.options)
         deepspeed = import_deepspeed(self.ctx.device)
-        config = ds_config(self.ctx, options, sum(p.numel() for p in model.parameters()))
+        config = ds_config(self.ctx, self.options, sum(p.numel() for p in model.parameters()))
         self.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 
     def forward_backward(self, batch: Mapping[str, torch.Tensor], sync_grads: bool) -> torch.Tensor:
@@ -270,6 +227,3 @@ def partitioned_grads(optimizer: Any) -> Iterator[torch.Tensor]:
 def master_weights(optimizer: Any) -> Iterator[torch.Tensor]:
     for name in MASTER_ATTRIBUTES:
         yield from tensors_in(getattr(optimizer, name, None))
-
-
-STRATEGY = DeepSpeedZeroStrategy

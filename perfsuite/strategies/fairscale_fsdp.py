@@ -1,10 +1,11 @@
 """Fully sharded data parallel with fairscale's FullyShardedDataParallel: one
 flattened, sharded parameter per transformer block plus one for the root.
 
-CUDA only. Precision below fp32 uses FSDP's own ``mixed_precision`` (fp32
-shards, compute in ``compute_dtype``, gradients reduce-scattered in fp32) rather
-than autocast, as in the fsdp2 strategy; fp16 uses fairscale's
-ShardedGradScaler because each rank only sees its own gradient shard.
+CUDA only (its EngineSpec says why). Precision below fp32 uses FSDP's own
+``mixed_precision`` (fp32 shards, compute in ``compute_dtype``, gradients
+reduce-scattered in fp32) rather than autocast, as in the fsdp2 strategy; fp16
+uses the rank-agreed loss scaler because each rank only sees its own gradient
+shard.
 """
 
 from __future__ import annotations
@@ -13,17 +14,9 @@ from typing import Any
 
 from torch import nn
 
-from perfsuite.strategies.base import (
-    EngineUnavailable,
-    StateTensors,
-    StrategyContext,
-    TorchStrategy,
-    require,
-)
-from perfsuite.strategies.fairscale_oss import shard_aware_scaler
-from perfsuite.strategies.fsdp2 import transformer_blocks
-from perfsuite.worker.memory import optimizer_state_tensors
-from perfsuite.worker.precision import DTYPES, Precision
+from perfsuite.models.build import transformer_blocks
+from perfsuite.primitives import DTYPES, Precision, StateTensors, optimizer_state_tensors
+from perfsuite.strategies.base import StrategyContext, TorchStrategy, require
 
 # Attributes fairscale FSDP keeps on each flat parameter: the fp32 shard the
 # optimizer updates, and the compute-dtype shard and full (all-gathered)
@@ -35,19 +28,11 @@ class FairscaleFSDPStrategy(TorchStrategy):
     @classmethod
     def check(cls, ctx: StrategyContext) -> None:
         require("fairscale.nn.data_parallel", "fairscale")
-        if ctx.device.type != "cuda":
-            raise EngineUnavailable(
-                "fairscale FSDP needs CUDA: FullyShardedDataParallel runs its all-gather, "
-                "fp32->fp16 cast and post-backward reduce-scatter on torch.cuda streams "
-                "(torch.cuda.stream(...) in _rebuild_full_params/_post_backward_hook, "
-                f"torch.cuda.current_stream() in _free_full_params); device here is {ctx.device.type}"
-            )
 
     def make_precision(self) -> Precision:
         # FSDP casts parameters itself (mixed_precision below); gradients are
-        # sharded, so fp16 needs the rank-agreeing ShardedGradScaler.
-        scaler = shard_aware_scaler(self.ctx.device) if self.ctx.precision == "fp16" else None
-        return Precision(self.ctx.precision, self.ctx.device, use_autocast=False, scaler=scaler)
+        # sharded, so fp16 needs a loss scaler whose ranks agree on skipped steps.
+        return Precision(self.ctx.precision, self.ctx.device, use_autocast=False, rank_agreed=True)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         fsdp = require("fairscale.nn.data_parallel", "fairscale").FullyShardedDataParallel
@@ -79,6 +64,3 @@ class FairscaleFSDPStrategy(TorchStrategy):
             "grads": [p.grad for p in params],
             "optimizer": list(optimizer_state_tensors(self.optimizer)),
         }
-
-
-STRATEGY = FairscaleFSDPStrategy

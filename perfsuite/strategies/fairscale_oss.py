@@ -10,23 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from perfsuite.strategies.base import StateTensors, StrategyContext, require
+from perfsuite.primitives import Precision, StateTensors, optimizer_state_tensors
+from perfsuite.strategies.base import StrategyContext, require
 from perfsuite.strategies.ddp import DDPStrategy
-from perfsuite.worker.memory import optimizer_state_tensors
-from perfsuite.worker.precision import Precision, RankAgreedGradScaler
-
-
-def shard_aware_scaler(device: torch.device) -> torch.amp.GradScaler:
-    if device.type == "cuda":
-        grad_scaler = require("fairscale.optim.grad_scaler", "fairscale")
-        scaler: torch.amp.GradScaler = grad_scaler.ShardedGradScaler()
-        return scaler
-    return RankAgreedGradScaler(device.type)
-
-
-def sharded_precision(name: str, device: torch.device) -> Precision:
-    """Autocast AMP whose fp16 loss scaler agrees on skipped steps across ranks."""
-    return Precision(name, device, scaler=shard_aware_scaler(device) if name == "fp16" else None)
 
 
 class FairscaleOSSStrategy(DDPStrategy):
@@ -35,7 +21,8 @@ class FairscaleOSSStrategy(DDPStrategy):
         require("fairscale.optim", "fairscale")
 
     def make_precision(self) -> Precision:
-        return sharded_precision(self.ctx.precision, self.ctx.device)
+        # Each rank steps only its partition: fp16 ranks must agree on skipped steps.
+        return Precision(self.ctx.precision, self.ctx.device, rank_agreed=True)
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         # Built after DDP wrapped the model: OSS re-points each param's .data
@@ -48,6 +35,3 @@ class FairscaleOSSStrategy(DDPStrategy):
         # OSS's own .state stays empty; the states live in its local optimizer.
         local: torch.optim.Optimizer = self.optimizer.optim  # type: ignore[attr-defined]
         return {**super().state_tensors(), "optimizer": list(optimizer_state_tensors(local))}
-
-
-STRATEGY = FairscaleOSSStrategy

@@ -2,20 +2,16 @@
 ShardedDataParallel, which reduces each gradient only to the rank that owns
 its parameter and then drops the gradients this rank does not own.
 
-Option ``reduce_buffer_size`` (elements, default 0) is ShardedDDP's bucket
-size. fairscale's own default (2**23) packs small gradients into per-rank
-buckets that every rank keeps whole, so below ~8M parameters nothing would be
-sharded; 0 reduces parameter by parameter and frees the foreign gradients.
+Option ``reduce_buffer_size``: see :class:`perfsuite.engines.ShardedDDPOptions`.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
+from perfsuite.engines import ShardedDDPOptions
 from perfsuite.strategies.base import require
 from perfsuite.strategies.fairscale_oss import FairscaleOSSStrategy
-
-DEFAULT_REDUCE_BUFFER_SIZE = 0
 
 
 class FairscaleSDPStrategy(FairscaleOSSStrategy):
@@ -24,8 +20,9 @@ class FairscaleSDPStrategy(FairscaleOSSStrategy):
         self.precision = self.make_precision()
         self.optimizer = self.make_optimizer(model)
         sharded_ddp = require("fairscale.nn.data_parallel", "fairscale").ShardedDataParallel
-        buffer = int(self.ctx.options.get("reduce_buffer_size", DEFAULT_REDUCE_BUFFER_SIZE))
-        self.model = sharded_ddp(model, self.optimizer, reduce_buffer_size=buffer)
+        options = self.ctx.options
+        assert isinstance(options, ShardedDDPOptions)
+        self.model = sharded_ddp(model, self.optimizer, reduce_buffer_size=options.reduce_buffer_size)
 
     def zero_grad(self) -> None:
         # ShardedDDP's zero_grad keeps bucketed grads as views of their bucket;
@@ -35,6 +32,3 @@ class FairscaleSDPStrategy(FairscaleOSSStrategy):
     # state_tensors (inherited) lists p.grad for every parameter: after the
     # final backward ShardedDDP has set foreign unbucketed grads to None, so
     # only what this rank holds is counted (bucket views count their bucket).
-
-
-STRATEGY = FairscaleSDPStrategy

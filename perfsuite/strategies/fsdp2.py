@@ -19,17 +19,9 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from perfsuite.models.build import transformer_blocks
+from perfsuite.primitives import DTYPES, Precision
 from perfsuite.strategies.base import EngineUnavailable, StrategyContext, TorchStrategy
-from perfsuite.worker.precision import DTYPES, Precision
-
-
-def transformer_blocks(model: nn.Module) -> nn.ModuleList:
-    """The repeated blocks: the ModuleList holding the most parameters
-    (GPT-2: ``transformer.h``, BERT: ``bert.encoder.layer``)."""
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
-    if not lists:
-        raise ValueError(f"{type(model).__name__} has no nn.ModuleList of blocks to shard")
-    return max(lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()))
 
 
 def _fsdp() -> ModuleType:
@@ -38,7 +30,9 @@ def _fsdp() -> ModuleType:
     except ImportError as exc:  # pragma: no cover - broken torch install
         raise EngineUnavailable(f"torch.distributed.fsdp cannot be imported: {exc}") from None
     if not hasattr(fsdp, "fully_shard"):
-        raise EngineUnavailable(f"FSDP2 (torch.distributed.fsdp.fully_shard) needs torch>=2.6, found {torch.__version__}")
+        raise EngineUnavailable(
+            f"FSDP2 (torch.distributed.fsdp.fully_shard) needs torch>=2.6, found {torch.__version__}"
+        )
     return fsdp
 
 
@@ -73,6 +67,3 @@ class FSDP2Strategy(TorchStrategy):
 
     # state_tensors (inherited): parameters, their .grad and the AdamW states
     # are DTensors; count_state_bytes counts their local shards (padded storage).
-
-
-STRATEGY = FSDP2Strategy

@@ -3,8 +3,8 @@
 
 Written against megatron-core 0.19.2 (which needs Python >= 3.12 and CUDA).
 The layout comes from the same ``strategy_options`` as ``tp_pp`` (``tp``,
-``pp``, ``schedule``, ``microbatches``, ``virtual_stages``; see
-:class:`perfsuite.layout.ParallelLayout`), plus two optional flags:
+``pp``, ``schedule``, ``microbatches``, ``virtual_stages``), plus two optional
+flags (see :class:`perfsuite.engines.MegatronOptions`):
 
 * ``distributed_optimizer`` (default False): megatron's DistributedOptimizer
   (ZeRO-1: fp32 main params and Adam moments sharded over dp, gradients
@@ -25,7 +25,7 @@ How it maps onto megatron-core:
   builds its own ``GPTModel`` from ``get_gpt_layer_local_spec()`` (no
   Transformer Engine), with learned absolute positions, untied embedding and
   LM head, no dropout and tanh GELU, the shape of
-  :mod:`perfsuite.worker.megatron_gpt`. One ``GPTModel`` per virtual stage
+  :mod:`perfsuite.models.megatron_gpt`. One ``GPTModel`` per virtual stage
   (``vp_stage``); megatron places chunk v of pipeline rank p at stage
   p + v*pp, the looped placement ``tp_pp`` uses.
 * **Precision**: megatron's own scheme, not autocast. fp16/bf16 keep the
@@ -58,24 +58,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from perfsuite.engines import MegatronOptions
 from perfsuite.layout import ParallelLayout
-from perfsuite.strategies.base import (
-    EngineUnavailable,
-    StateTensors,
-    Strategy,
-    StrategyContext,
-)
-from perfsuite.worker.memory import optimizer_state_tensors
+from perfsuite.primitives import StateTensors, optimizer_state_tensors
+from perfsuite.strategies.base import EngineUnavailable, Strategy, StrategyContext
 
 INSTALL_HINT = "megatron-core is not installed: pip install 'perfsuite[megatron]'"
 VERIFIED_VERSION = (0, 19)  # the release whose API this module was checked against
-LAYOUT_OPTIONS = ("tp", "pp", "schedule", "microbatches", "virtual_stages")
-FLAG_OPTIONS = ("distributed_optimizer", "overlap_grad_reduce")
 RANK_ORDER = "tp-cp-ep-pp-dp"  # rank = d*pp*tp + p*tp + t, as the worker's replica seeding assumes
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SEED_PP_STRIDE = 100  # Megatron-LM's _set_random_seed: every pipeline stage gets its own seed
 INITIAL_LOSS_SCALE = 2.0**16  # torch GradScaler's default; megatron's 2**32 would skip the first ~32 steps
-IGNORE_INDEX = -100  # labels the loss skips (perfsuite.worker.models)
+IGNORE_INDEX = -100  # labels the loss skips (perfsuite.models.build)
 
 LossFunc = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -125,10 +119,20 @@ def import_megatron() -> Megatron:
     from megatron.core.transformer.utils import openai_gelu
 
     return Megatron(
-        parallel_state, tensor_parallel, TransformerConfig, GPTModel, get_gpt_layer_local_spec,
-        Float16Module, openai_gelu, DistributedDataParallel, DistributedDataParallelConfig,
-        finalize_model_grads, OptimizerConfig, get_megatron_optimizer, get_forward_backward_func,
-    )  # fmt: skip
+        parallel_state,
+        tensor_parallel,
+        TransformerConfig,
+        GPTModel,
+        get_gpt_layer_local_spec,
+        Float16Module,
+        openai_gelu,
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+        OptimizerConfig,
+        get_megatron_optimizer,
+        get_forward_backward_func,
+    )
 
 
 def _import_core() -> ModuleType:
@@ -157,26 +161,6 @@ def _check_version(core: ModuleType) -> None:
         )
 
 
-@dataclass(frozen=True)
-class MegatronOptions:
-    distributed_optimizer: bool = False
-    overlap_grad_reduce: bool = False
-
-
-def parse_options(options: Mapping[str, Any]) -> MegatronOptions:
-    """Validate strategy_options; a typo must not silently run another configuration."""
-    unknown = sorted(set(options) - set(LAYOUT_OPTIONS) - set(FLAG_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"megatron_core: unknown strategy_options {unknown}; allowed: {list(LAYOUT_OPTIONS + FLAG_OPTIONS)}"
-        )
-    flags = {name: options.get(name, False) for name in FLAG_OPTIONS}
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"megatron_core: strategy_options[{name!r}] must be a bool, got {value!r}")
-    return MegatronOptions(**flags)
-
-
 # -- model dimensions ------------------------------------------------------------
 @dataclass(frozen=True)
 class GPTDims:
@@ -189,7 +173,7 @@ class GPTDims:
 
     @classmethod
     def from_model(cls, model: nn.Module) -> GPTDims:
-        """Dimensions of a :class:`perfsuite.worker.megatron_gpt.MegatronGPT`
+        """Dimensions of a :class:`perfsuite.models.megatron_gpt.MegatronGPT`
         (StrategyContext carries none, so the built model is the source)."""
         gpt: Any = model  # attributes of MegatronGPT, looked up dynamically
         try:
@@ -239,7 +223,7 @@ def split_micro_batches(batch: Mapping[str, torch.Tensor], count: int) -> list[M
     positions = torch.arange(seq, device=input_ids.device).expand(size, seq)
     return [
         MicroBatch(ids, positions, tgt, msk)
-        for ids, tgt, msk in zip(input_ids.split(size), targets.split(size), mask.split(size))
+        for ids, tgt, msk in zip(input_ids.split(size), targets.split(size), mask.split(size), strict=True)
     ]
 
 
@@ -267,27 +251,17 @@ class MegatronCoreStrategy(Strategy):
 
     @classmethod
     def check(cls, ctx: StrategyContext) -> None:
-        # The device first: on a CPU run installing megatron-core would not help.
-        if ctx.device.type != "cuda":
-            raise EngineUnavailable(
-                "megatron-core's tensor/pipeline-parallel layers and fused kernels need CUDA; "
-                f"device here is {ctx.device.type}"
-            )
+        # CUDA and the schedule (no GPipe in megatron-core) are checked before
+        # launch from its EngineSpec; the version only a live import can tell.
         import_megatron()
-        parse_options(ctx.options)
-        layout = ParallelLayout.from_options(ctx.world_size, ctx.options)
-        if layout.pp > 1 and layout.schedule == "gpipe":
-            raise EngineUnavailable(
-                "megatron-core has no GPipe schedule (only 1F1B and interleaved 1F1B); "
-                "use schedule '1f1b' or 'interleaved_1f1b'"
-            )
 
     # -- setup ------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> None:
         ctx = self.ctx
         self.mc = import_megatron()
-        self.options = parse_options(ctx.options)
-        self.layout = ParallelLayout.from_options(ctx.world_size, ctx.options)
+        assert isinstance(ctx.options, MegatronOptions)
+        self.options = ctx.options
+        self.layout = ctx.layout
         dims = GPTDims.from_model(model)
         if self.layout.pp > 1:
             self.layout.check_layers(dims.layers)
@@ -490,6 +464,3 @@ def _optimizer_tensors(optimizer: Any) -> Iterable[torch.Tensor]:
         for group in inner.param_groups:
             yield from (p for p in group["params"] if isinstance(p, torch.Tensor))
         yield from optimizer_state_tensors(inner)
-
-
-STRATEGY = MegatronCoreStrategy

@@ -8,9 +8,8 @@ import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from perfsuite.strategies.base import StateTensors
+from perfsuite.primitives import StateTensors, optimizer_state_tensors
 from perfsuite.strategies.ddp import DDPStrategy
-from perfsuite.worker.memory import optimizer_state_tensors
 
 
 class TorchZeroStrategy(DDPStrategy):
@@ -23,6 +22,3 @@ class TorchZeroStrategy(DDPStrategy):
         assert isinstance(self.optimizer, ZeroRedundancyOptimizer)
         local = list(optimizer_state_tensors(self.optimizer.optim))
         return {**super().state_tensors(), "optimizer": local}
-
-
-STRATEGY = TorchZeroStrategy

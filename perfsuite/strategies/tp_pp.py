@@ -1,11 +1,11 @@
 """3D parallelism: data x pipeline x tensor parallel with PyTorch-native parts.
 
 The layout comes from ``strategy_options`` (``tp``, ``pp``, ``schedule``,
-``microbatches``, ``virtual_stages``; see :class:`perfsuite.layout.ParallelLayout`);
+``microbatches``, ``virtual_stages``; see :class:`perfsuite.engines.ParallelOptions`);
 dp is what tp x pp leaves of the world. Ranks form a DeviceMesh of shape
 (dp, pp, tp): tensor-parallel groups are adjacent ranks (rank = d*pp*tp + p*tp + t).
 
-The model must be splittable like :mod:`perfsuite.worker.megatron_gpt` (``embed``,
+The model must be splittable like :mod:`perfsuite.models.megatron_gpt` (``embed``,
 ``blocks``, ``head`` and ``stage(index, count)``); GPT-2's Conv1D projections are
 refused by DTensor tensor parallelism.
 
@@ -61,16 +61,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from perfsuite.layout import ParallelLayout
-from perfsuite.strategies.base import (
-    EngineUnavailable,
-    StateTensors,
-    Strategy,
-    StrategyContext,
-)
-from perfsuite.worker.megatron_gpt import causal_lm_loss
-from perfsuite.worker.memory import local_tensor, optimizer_state_tensors
-from perfsuite.worker.precision import Precision, RankAgreedGradScaler
+from perfsuite.models.megatron_gpt import Block, GPTStage, causal_lm_loss
+from perfsuite.primitives import Precision, StateTensors, local_tensor, optimizer_state_tensors
+from perfsuite.strategies.base import EngineUnavailable, Strategy, StrategyContext
 
 BUCKET_ELEMENTS = 25 * 2**20  # data-parallel all-reduce bucket, like DDP's 25 MiB default (in elements)
 
@@ -81,12 +74,15 @@ def _engines() -> dict[str, ModuleType]:
         raise EngineUnavailable(f"torch {torch.__version__} was built without torch.distributed")
     found: dict[str, ModuleType] = {}
     for key, module, names in (
-        ("pipelining", "torch.distributed.pipelining",
-         ("PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B")),
+        (
+            "pipelining",
+            "torch.distributed.pipelining",
+            ("PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B"),
+        ),
         ("tp", "torch.distributed.tensor.parallel", ("parallelize_module", "ColwiseParallel", "RowwiseParallel")),
         ("mesh", "torch.distributed.device_mesh", ("init_device_mesh",)),
         ("tensor", "torch.distributed.tensor", ("DTensor", "Replicate")),
-    ):  # fmt: skip
+    ):
         try:
             found[key] = importlib.import_module(module)
         except ImportError as exc:
@@ -128,7 +124,7 @@ class VocabParallelEmbedding(nn.Module):
 
         shifted = input_ids - self.start
         outside = (shifted < 0) | (shifted >= self.rows)
-        out = F.embedding(shifted.masked_fill(outside, 0), self.weight.to_local())
+        out = F.embedding(shifted.masked_fill(outside, 0), local_tensor(self.weight))
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
         # Partial -> Replicate is the all-reduce; its backward passes the
         # (replicated) output gradient through unchanged.
@@ -160,27 +156,26 @@ class TPPPStrategy(Strategy):
 
     @classmethod
     def check(cls, ctx: StrategyContext) -> None:
-        _engines()  # the layout itself was validated at collection (perfsuite.layout)
+        _engines()  # the layout itself was validated at collection (perfsuite.engines)
 
     # -- setup --------------------------------------------------------------
     def setup(self, model: nn.Module) -> None:
         eng = _engines()
         ctx = self.ctx
-        for part in ("embed", "blocks", "head", "stage"):
-            if not hasattr(model, part):
+        for attr in ("embed", "blocks", "head", "stage"):
+            if not hasattr(model, attr):
                 raise TypeError(
                     f"tp_pp needs a model splittable into embed/blocks/head stages (family megatron_gpt); "
-                    f"{type(model).__name__} has no {part!r}"
+                    f"{type(model).__name__} has no {attr!r}"
                 )
-        layout = self.layout = ParallelLayout.from_options(ctx.world_size, ctx.options)
+        layout = self.layout = ctx.layout
         if layout.pp > 1:
             layout.check_layers(len(model.blocks))  # type: ignore[arg-type]
-        scaler = RankAgreedGradScaler(ctx.device.type) if ctx.precision == "fp16" else None
-        if scaler is not None:
+        self.precision = Precision(ctx.precision, ctx.device, rank_agreed=True)
+        if self.precision.scaler is not None:
             # The scale is created lazily by the first scale() call, which only
             # the last pipeline stage makes; every rank needs it to unscale.
-            scaler.scale(torch.zeros((), device=ctx.device))
-        self.precision = Precision(ctx.precision, ctx.device, scaler=scaler)
+            self.precision.scaler.scale(torch.zeros((), device=ctx.device))
 
         mesh = eng["mesh"].init_device_mesh(
             ctx.device.type, (layout.dp, layout.pp, layout.tp), mesh_dim_names=("dp", "pp", "tp")
@@ -193,7 +188,7 @@ class TPPPStrategy(Strategy):
         # Stages of this pipeline rank: p, p + pp, ... (one unless interleaved).
         stages_total = layout.stages if layout.pp > 1 else 1
         self.stage_ids = list(range(self.pp_rank, stages_total, max(layout.pp, 1)))
-        self.parts: list[nn.Module] = [model.stage(i, stages_total) for i in self.stage_ids]  # type: ignore[operator]
+        self.parts: list[GPTStage] = [model.stage(i, stages_total) for i in self.stage_ids]  # type: ignore[operator]
         if layout.tp > 1:
             for part in self.parts:
                 self._tensor_parallel(part, mesh["tp"], eng)
@@ -204,10 +199,11 @@ class TPPPStrategy(Strategy):
             self.schedule = self._make_schedule(eng["pipelining"], stages_total)
         self.optimizer = self._make_optimizer(eng["tensor"].DTensor)
 
-    def _tensor_parallel(self, part: nn.Module, tp_mesh: Any, eng: Mapping[str, ModuleType]) -> None:
+    def _tensor_parallel(self, part: GPTStage, tp_mesh: Any, eng: Mapping[str, ModuleType]) -> None:
         tp, Replicate = eng["tp"], eng["tensor"].Replicate
         size = self.layout.tp
-        for block in part.blocks:  # type: ignore[union-attr]
+        for block in part.blocks:
+            assert isinstance(block, Block)
             attn, mlp = block.attn, block.mlp
             for name, value in (("heads", attn.q.out_features // attn.head_dim), ("ffn", mlp.fc1.out_features)):
                 if value % size:
@@ -224,13 +220,13 @@ class TPPPStrategy(Strategy):
                     "mlp.fc2": tp.RowwiseParallel(),
                 },
             )
-        if part.embed is not None:  # type: ignore[union-attr]
+        if part.embed is not None:
             # Vocab-parallel embedding: each rank holds vocab/tp rows.
-            part.embed.tokens = VocabParallelEmbedding(part.embed.tokens, tp_mesh)  # type: ignore[union-attr]
-        if part.head is not None:  # type: ignore[union-attr]
+            part.embed.tokens = VocabParallelEmbedding(part.embed.tokens, tp_mesh)  # type: ignore[assignment]
+        if part.head is not None:
             # Vocab-parallel LM head; logits all-gathered for a plain cross entropy.
             tp.parallelize_module(
-                part.head.lm_head,  # type: ignore[union-attr]
+                part.head.lm_head,
                 tp_mesh,
                 tp.ColwiseParallel(output_layouts=Replicate()),
             )
@@ -238,8 +234,10 @@ class TPPPStrategy(Strategy):
     def _make_schedule(self, pipelining: ModuleType, stages_total: int) -> Any:
         layout, ctx = self.layout, self.ctx
         stages = [
-            pipelining.PipelineStage(_Autocast(part, self.precision), index, stages_total, ctx.device, group=self.pp_group)
-            for index, part in zip(self.stage_ids, self.parts)
+            pipelining.PipelineStage(
+                _Autocast(part, self.precision), index, stages_total, ctx.device, group=self.pp_group
+            )
+            for index, part in zip(self.stage_ids, self.parts, strict=True)
         ]
         if layout.schedule == "interleaved_1f1b":
             return pipelining.ScheduleInterleaved1F1B(stages, n_microbatches=layout.microbatches, loss_fn=self._loss)
@@ -263,10 +261,7 @@ class TPPPStrategy(Strategy):
 
     def forward_backward(self, batch: Mapping[str, torch.Tensor], sync_grads: bool) -> torch.Tensor:
         input_ids, labels = batch["input_ids"], batch["labels"]
-        if self.layout.pp == 1:
-            loss = self._accumulate(input_ids, labels)
-        else:
-            loss = self._pipeline(input_ids, labels)
+        loss = self._accumulate(input_ids, labels) if self.layout.pp == 1 else self._pipeline(input_ids, labels)
         if self.layout.dp > 1:
             self._average_grads()
         return loss
@@ -276,7 +271,7 @@ class TPPPStrategy(Strategy):
         chunks = self.ctx.grad_accum
         rows = _split_rows(input_ids.shape[0], chunks)
         total = torch.zeros((), device=input_ids.device)
-        for ids, lab in zip(input_ids.split(rows), labels.split(rows)):
+        for ids, lab in zip(input_ids.split(rows), labels.split(rows), strict=True):
             with self.precision.autocast():
                 loss = causal_lm_loss(model(ids), lab)
             self.precision.backward(loss / chunks)
@@ -341,6 +336,3 @@ def _buckets(grads: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
         size += g.numel()
     if bucket:
         yield bucket
-
-
-STRATEGY = TPPPStrategy

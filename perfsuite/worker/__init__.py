@@ -1,5 +1,7 @@
-"""Worker side: runs inside each rank that torchrun starts (``python -m perfsuite.worker``).
+"""Rank side: runs inside each rank that torchrun starts (``python -m perfsuite.worker``).
 
-Only this package (and ``perfsuite.strategies``) imports torch; the pytest
-process never does.
+Entry point, per-rank runtime, the measured loop every kind shares, memory and
+health trackers, and one runner per workload kind. Imports torch, engines
+(:mod:`perfsuite.strategies`), models and :mod:`perfsuite.protocol`; never the
+pytest side (baselines, compare, session, plugin).
 """

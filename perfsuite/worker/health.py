@@ -16,6 +16,8 @@ from typing import Any
 import psutil
 import torch
 
+from perfsuite.worker.runtime import physical_gpu_index
+
 # NVML clock-event reasons that mean "slower than the card can go" (the idle
 # and application-clock-setting bits are left out: they are not throttling).
 THROTTLE_REASONS = {
@@ -72,11 +74,9 @@ class CudaHealthTracker(HealthTracker):
     def __enter__(self) -> CudaHealthTracker:
         import pynvml
 
-        from perfsuite.worker.memory import _physical_index
-
         pynvml.nvmlInit()
         self.nvml = pynvml
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(self.device.index or 0))
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(physical_gpu_index(self.device.index or 0))
         return self
 
     def read(self) -> dict[str, float]:

@@ -1,21 +1,36 @@
-"""The measured training loop of one rank."""
+"""The measured loop every workload kind runs: warm up until step times settle,
+then time the measured steps with memory and health sampled at each."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from perfsuite.strategies.base import Strategy
+from perfsuite.protocol import RankJob
 from perfsuite.worker.health import HealthTracker
-from perfsuite.worker.memory import MemoryTracker, count_state_bytes
+from perfsuite.worker.memory import MemoryTracker
 from perfsuite.worker.runtime import Reporter, WorkerContext
 
 STEADY_WINDOW = 3  # trailing warmup steps whose spread decides "settled"
+
+#: One step of the workload; ``last`` is True on the final measured step.
+Step = Callable[[bool], None]
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    step_times_s: list[float]
+    warmup_times_s: list[float]
+    steady_state_start: int
+    peak_mem_mib: float
+    memory: dict[str, Any] = field(default_factory=dict)
+    health: dict[str, Any] = field(default_factory=dict)
 
 
 def slowest_rank(seconds: float, ctx: WorkerContext) -> float:
@@ -36,8 +51,8 @@ def settled(times: Sequence[float], threshold: float) -> bool:
 
 def burn(seconds: float, ctx: WorkerContext) -> None:
     """Real device work for about ``seconds`` (the planted slowdown): matmuls
-    on the training device, synchronised, so it is as visible to the timer as
-    slower kernels would be."""
+    on the device, synchronised, so it is as visible to the timer as slower
+    kernels would be."""
     a = torch.randn(256, 256, device=ctx.device)
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
@@ -45,95 +60,54 @@ def burn(seconds: float, ctx: WorkerContext) -> None:
         ctx.synchronize()
 
 
-class Trainer:
-    """Runs steps of one strategy and times each from synchronised clocks."""
+class StepTimer:
+    """Times one step from synchronised clocks, planted work included."""
 
-    def __init__(
-        self,
-        strategy: Strategy,
-        batches: Sequence[Mapping[str, torch.Tensor]],
-        scenario: Mapping[str, Any],
-        ctx: WorkerContext,
-    ) -> None:
-        self.strategy, self.batches, self.ctx = strategy, batches, ctx
-        # A pipelined strategy takes the whole step's batch in one call.
-        self.accum = 1 if strategy.pipelined else scenario["grad_accum"]
+    def __init__(self, step: Step, ctx: WorkerContext) -> None:
+        self.step, self.ctx = step, ctx
         self.burn_s = 0.0  # planted extra work per step, set once warmup knows a step's cost
-        self.step_index = 0
-        self.loss = torch.zeros(())
 
-    def step(self, count_state: bool = False) -> tuple[float, dict[str, int]]:
-        state: dict[str, int] = {}
+    def __call__(self, last: bool = False) -> float:
         self.ctx.synchronize()
         start = time.perf_counter()
-        for micro in range(self.accum):
-            batch = self.batches[(self.step_index + micro) % len(self.batches)]
-            self.loss = self.strategy.forward_backward(batch, micro == self.accum - 1)
-        if count_state:
-            state = count_state_bytes(self.strategy.state_tensors())
-        self.strategy.optimizer_step()
+        self.step(last)
         self.ctx.synchronize()
         if self.burn_s:
             burn(self.burn_s, self.ctx)
-        self.step_index += 1
-        return time.perf_counter() - start, state
+        return time.perf_counter() - start
 
 
-def train(
-    strategy: Strategy,
-    batches: Sequence[Mapping[str, torch.Tensor]],
-    scenario: Mapping[str, Any],
-    ctx: WorkerContext,
-    reporter: Reporter,
-    settings: Mapping[str, Any],
-) -> dict[str, Any]:
-    """Warm up until step times settle, then time ``steps`` steps.
+def measure(step: Step, job: RankJob, ctx: WorkerContext, reporter: Reporter) -> LoopResult:
+    """Warm up until step times settle, then time ``job.spec.steps`` steps.
 
     Warmup runs at least ``warmup_steps`` and at most ``max_warmup_steps``
     steps; it ends early once the trailing window's spread is within
-    ``settings["steady_threshold"]``. Model state is counted on the last step
-    after backward and before the optimizer step, when gradients and optimizer
-    states coexist.
+    ``job.steady_threshold``.
 
     A planted slowdown (``slowdown_pct``) adds a fixed amount of device work
     to every step after the first warmup steps: that percentage of their
     median (slowest-rank) time. A fixed amount, because burning a share of each
     step's own time would feed back through the ranks' waits on each other.
     """
-    trainer = Trainer(strategy, batches, scenario, ctx)
-    slowdown = settings.get("slowdown_pct", 0.0) / 100
-    minimum, threshold = scenario["warmup_steps"], settings.get("steady_threshold", 0.1)
+    spec, timer = job.spec, StepTimer(step, ctx)
+    slowdown = job.slowdown_pct / 100
     warmup: list[float] = []
-    settle_from = 0  # steady-state is judged on steps with the final per-step work
-    while len(warmup) < scenario["max_warmup_steps"]:
-        if len(warmup) >= minimum and settled(warmup[settle_from:], threshold):
+    settle_from = 0  # steady state is judged on steps with the final per-step work
+    while len(warmup) < spec.max_warmup_steps:
+        if len(warmup) >= spec.warmup_steps and settled(warmup[settle_from:], job.steady_threshold):
             break
         reporter.phase(f"warmup step {len(warmup)}")
-        warmup.append(slowest_rank(trainer.step()[0], ctx))
-        if slowdown and not trainer.burn_s and len(warmup) >= max(1, minimum):
-            trainer.burn_s = slowdown * statistics.median(warmup)
+        warmup.append(slowest_rank(timer(), ctx))
+        if slowdown and not timer.burn_s and len(warmup) >= max(1, spec.warmup_steps):
+            timer.burn_s = slowdown * statistics.median(warmup)
             settle_from = len(warmup)
-    if slowdown and not trainer.burn_s:  # no warmup allowed: one reference step
-        trainer.burn_s = slowdown * slowest_rank(trainer.step()[0], ctx)
+    if slowdown and not timer.burn_s:  # no warmup allowed: one reference step
+        timer.burn_s = slowdown * slowest_rank(timer(), ctx)
     times: list[float] = []
-    losses: list[float] = []
-    state: dict[str, int] = {}
     with MemoryTracker.for_device(ctx.device) as memory, HealthTracker.for_device(ctx.device) as health:
-        for i in range(scenario["steps"]):
+        for i in range(spec.steps):
             reporter.phase(f"measure step {len(warmup) + i}")
-            elapsed, counted = trainer.step(count_state=i == scenario["steps"] - 1)
-            state = counted or state
+            times.append(timer(last=i == spec.steps - 1))
             memory.sample()
             health.sample()
-            times.append(elapsed)
-            losses.append(float(trainer.loss))
-    return {
-        "step_times_s": times,
-        "warmup_times_s": warmup,
-        "steady_state_start": len(warmup),
-        "losses": losses,
-        "peak_mem_mib": memory.result.peak_mem_mib,
-        "memory": memory.result.detail,
-        "health": health.result,
-        "model_state": state,
-    }
+    return LoopResult(times, warmup, len(warmup), memory.result.peak_mem_mib, memory.result.detail, health.result)

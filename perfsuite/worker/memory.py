@@ -1,13 +1,10 @@
 """Memory measurement inside a rank.
 
-Two kinds of figure:
-
-* **peak memory** — noisy, allocator-dependent, over the measured steps: on
-  CUDA the caching allocator's peaks plus the process's device memory as NVML
-  sees it; on CPU the peak resident set (VmHWM, reset when measuring starts).
-* **model-state bytes** — exact: parameters, gradients and optimizer states this
-  rank holds, summed over the tensors' storages (each storage once, so flat
-  buffers that params view into are not double-counted).
+Peak memory is noisy and allocator-dependent, taken over the measured steps:
+on CUDA the caching allocator's peaks plus the process's device memory as NVML
+sees it; on CPU the peak resident set (VmHWM, reset when measuring starts).
+(The exact figure, model-state bytes, is counted by
+:func:`perfsuite.primitives.count_state_bytes`.)
 """
 
 from __future__ import annotations
@@ -15,46 +12,14 @@ from __future__ import annotations
 import os
 import resource
 import sys
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from perfsuite.worker.runtime import physical_gpu_index
+
 MIB = 2**20
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The shard a rank really holds (DTensor -> its local tensor)."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
-
-
-def count_state_bytes(groups: Mapping[str, Iterable[torch.Tensor | None]]) -> dict[str, int]:
-    """Bytes per category; a storage shared by two categories counts in the first."""
-    seen: set[tuple[str, int]] = set()
-    counts: dict[str, int] = {}
-    for category, tensors in groups.items():
-        total = 0
-        for tensor in tensors:
-            if not isinstance(tensor, torch.Tensor):
-                continue
-            storage = local_tensor(tensor).untyped_storage()
-            key = (str(tensor.device), storage.data_ptr())
-            if storage.nbytes() == 0 or key in seen:
-                continue
-            seen.add(key)
-            total += storage.nbytes()
-        counts[category] = total
-    counts["total"] = sum(counts[c] for c in groups)
-    return counts
-
-
-def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                yield value
 
 
 @dataclass
@@ -127,7 +92,7 @@ class CudaMemoryTracker(MemoryTracker):
         pynvml.nvmlInit()
         index = self.device.index if self.device.index is not None else 0
         self._nvml = pynvml
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(physical_gpu_index(index))
         self._nvml_peak = 0
         return self
 
@@ -150,9 +115,3 @@ class CudaMemoryTracker(MemoryTracker):
                 "nvml_process_peak_mib": self._nvml_peak / MIB,
             },
         )
-
-
-def _physical_index(logical: int) -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    parts = [p for p in visible.split(",") if p.strip().isdigit()]
-    return int(parts[logical]) if logical < len(parts) else logical

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from perfsuite.baselines import atomic_write_json
+from perfsuite.protocol import RankJob, RankReport
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,26 @@ class WorkerContext:
             kwargs["device_id"] = self.device  # binds NCCL eagerly to this GPU
         dist.init_process_group(**kwargs)
 
+    def apply_limits(self, job: RankJob) -> None:
+        """The profile's memory limits. They go on after imports and
+        process-group setup, so the budget covers what the workload allocates
+        rather than the libraries."""
+        if job.rank_memory_budget_mib and self.device.type == "cpu":
+            apply_cpu_memory_budget(job.rank_memory_budget_mib)
+        if job.device_memory_cap_mib and self.device.type == "cuda":
+            apply_cuda_memory_cap(self.device, job.device_memory_cap_mib)
+
     def synchronize(self) -> None:
         """Wait for queued device work, so host clocks measure finished steps."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def physical_gpu_index(logical: int) -> int:
+    """NVML index of CUDA device ``logical`` under an index-list CUDA_VISIBLE_DEVICES."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    parts = [p for p in visible.split(",") if p.strip().isdigit()]
+    return int(parts[logical]) if logical < len(parts) else logical
 
 
 def vm_data_bytes() -> int:
@@ -96,6 +112,5 @@ class Reporter:
         # Plain overwrite: a torn read only shows a shorter phase string.
         (self.folder / f"rank{self.rank}.phase").write_text(text)
 
-    def write(self, report: dict[str, Any]) -> None:
-        atomic_write_json(self.folder / f"rank{self.rank}.json", {"rank": self.rank, **report})
-
+    def write(self, report: RankReport) -> None:
+        report.write(self.folder / f"rank{self.rank}.json")

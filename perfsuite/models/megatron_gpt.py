@@ -30,13 +30,14 @@ shards the heads across ranks.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from perfsuite.models import ModelSpec
 
 INIT_STD = 0.02  # GPT-2 / Megatron initialisation
 
@@ -175,7 +176,8 @@ class MegatronGPT(GPTStage):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
         for block in self.blocks:
-            for proj in (block.attn.out, block.mlp.fc2):  # type: ignore[union-attr]
+            assert isinstance(block, Block)
+            for proj in (block.attn.out, block.mlp.fc2):
                 nn.init.normal_(proj.weight, std=INIT_STD / math.sqrt(2 * layers))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:  # type: ignore[override]
@@ -192,19 +194,14 @@ class MegatronGPT(GPTStage):
             raise ValueError(f"cannot take stage {index} of {count} from {layers} blocks")
         per = layers // count
         return GPTStage(
-            self.embed if index == 0 else None,  # type: ignore[arg-type]
-            list(self.blocks[index * per : (index + 1) * per]),  # type: ignore[arg-type]
-            self.head if index == count - 1 else None,  # type: ignore[arg-type]
+            self.embed if index == 0 else None,
+            [b for b in self.blocks[index * per : (index + 1) * per] if isinstance(b, Block)],
+            self.head if index == count - 1 else None,
         )
 
 
-def build(m: Mapping[str, Any]) -> nn.Module:
-    """The model for a ModelSpec dict (family, layers, hidden, heads, vocab, ffn, max_positions)."""
+def build(m: ModelSpec) -> nn.Module:
+    """The model for a ModelSpec of family ``megatron_gpt``."""
     return MegatronGPT(
-        vocab=m["vocab"],
-        hidden=m["hidden"],
-        layers=m["layers"],
-        heads=m["heads"],
-        ffn=m.get("ffn") or 4 * m["hidden"],
-        max_positions=m["max_positions"],
+        vocab=m.vocab, hidden=m.hidden, layers=m.layers, heads=m.heads, ffn=m.ffn_size, max_positions=m.max_positions
     )

@@ -1,0 +1,87 @@
+"""Model families: which transformer a scenario trains, built on the ranks from a
+config with random weights (nothing is downloaded).
+
+This ``__init__`` is torch-free, because scenarios (in the pytest process)
+declare and validate a :class:`ModelSpec`. The builders live beside it and
+import torch: :mod:`perfsuite.models.build` (entry point and synthetic
+batches), :mod:`perfsuite.models.hf` (transformers' BERT and GPT-2) and
+:mod:`perfsuite.models.megatron_gpt` (a GPT of plain ``nn.Linear`` layers that
+tensor and pipeline parallelism can split).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from perfsuite.validation import check_choice, check_int, fail
+
+Objective = Literal["mlm", "causal_lm"]
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One family a :class:`ModelSpec` can name."""
+
+    name: str
+    """The value of ``ModelSpec.family``."""
+    builder: str
+    """``module:function`` that builds the ``nn.Module`` from a ModelSpec (rank side)."""
+    objective: Objective
+    """Training labels of its synthetic batches: masked-LM (15% of tokens) or next-token."""
+    description: str = ""
+
+
+FAMILIES: Mapping[str, ModelFamily] = MappingProxyType(
+    {
+        f.name: f
+        for f in (
+            ModelFamily("bert", "perfsuite.models.hf:bert", "mlm", "transformers BertForMaskedLM"),
+            ModelFamily("gpt2", "perfsuite.models.hf:gpt2", "causal_lm", "transformers GPT2LMHeadModel"),
+            ModelFamily(
+                "megatron_gpt",
+                "perfsuite.models.megatron_gpt:build",
+                "causal_lm",
+                "Megatron-style GPT of nn.Linear layers, splittable into pipeline stages",
+            ),
+        )
+    }
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a transformer built from a config with random weights."""
+
+    family: str
+    """A key of :data:`FAMILIES`."""
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int = 30522
+    ffn: int | None = None
+    """MLP width; defaults to 4 x hidden, as in BERT and GPT."""
+    max_positions: int = 512
+
+    def __post_init__(self) -> None:
+        owner = f"model {self.family}"
+        check_choice(owner, "family", self.family, FAMILIES)
+        for name in ("layers", "hidden", "heads", "vocab", "max_positions"):
+            check_int(owner, name, getattr(self, name), 1)
+        if self.ffn is not None:
+            check_int(owner, "ffn", self.ffn, 1)
+        if self.hidden % self.heads:
+            raise fail(owner, "heads", f"must divide hidden={self.hidden}, got {self.heads}")
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn if self.ffn is not None else 4 * self.hidden
+
+    @property
+    def objective(self) -> Objective:
+        return FAMILIES[self.family].objective
+
+
+__all__ = ["FAMILIES", "ModelFamily", "ModelSpec"]

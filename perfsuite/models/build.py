@@ -1,0 +1,44 @@
+"""Rank side: build a family's model and its synthetic training batches."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from perfsuite.models import FAMILIES, ModelSpec
+from perfsuite.protocol import import_object
+
+MLM_PROBABILITY = 0.15  # BERT pre-training masks 15% of tokens
+IGNORE_INDEX = -100
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """The family's model with random weights, on the CPU."""
+    model: nn.Module = import_object(FAMILIES[spec.family].builder)(spec)
+    return model
+
+
+def synthetic_batch(
+    spec: ModelSpec, seq_len: int, device: torch.device, rows: int, seed: int
+) -> dict[str, torch.Tensor]:
+    """``rows`` sequences of random tokens with the family's training labels."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (rows, seq_len)
+    input_ids = torch.randint(0, spec.vocab, shape, generator=gen)
+    if spec.objective == "mlm":
+        # Masked-LM: predict 15% of positions, ignore the rest.
+        masked = torch.rand(shape, generator=gen) < MLM_PROBABILITY
+        labels = torch.where(masked, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+    else:
+        labels = input_ids.clone()  # causal LM: the model shifts labels itself
+    return {"input_ids": input_ids.to(device), "labels": labels.to(device)}
+
+
+def transformer_blocks(model: nn.Module) -> nn.ModuleList:
+    """The repeated blocks: the ModuleList holding the most parameters
+    (GPT-2: ``transformer.h``, BERT: ``bert.encoder.layer``), which sharding
+    engines wrap one by one."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    if not lists:
+        raise ValueError(f"{type(model).__name__} has no nn.ModuleList of blocks to shard")
+    return max(lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()))

@@ -1,0 +1,33 @@
+"""Validation helpers for specs declared in test modules (scenarios, models,
+engine options, relations): a bad value fails collection with a message that
+names the owner and the field. Torch-free leaf."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+class ScenarioError(ValueError):
+    """A scenario spec, or a part of one (model, engine options, relation), is
+    invalid; the message names the scenario and the field."""
+
+
+def fail(owner: str, fieldname: str, problem: str) -> ScenarioError:
+    return ScenarioError(f"scenario {owner!r}: field {fieldname!r} {problem}")
+
+
+def check_int(owner: str, name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise fail(owner, name, f"must be an int >= {minimum}, got {value!r}")
+
+
+def check_choice(owner: str, name: str, value: Any, choices: Iterable[str]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise fail(owner, name, f"must be one of {', '.join(choices)}; got {value!r}")
+
+
+def check_positive(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise fail(owner, name, f"must be a positive number, got {value!r}")

@@ -1,0 +1,17 @@
+"""Workload kinds: what a scenario's ranks run.
+
+Each kind is a :class:`BaseScenario` subclass (torch-free, declared in test
+modules) that names the metrics it produces and the
+:class:`~perfsuite.protocol.WorkloadSpec` its ranks receive, plus a rank-side
+runner (:class:`perfsuite.worker.base.Runner`). Built in:
+
+* ``train`` (:class:`Scenario`): a training loop driven by an engine.
+"""
+
+from __future__ import annotations
+
+from perfsuite.validation import ScenarioError
+from perfsuite.workloads.base import OUTCOMES, BaseScenario, Outcome
+from perfsuite.workloads.train import PRECISIONS, Precision, Scenario, TrainSpec
+
+__all__ = ["OUTCOMES", "PRECISIONS", "BaseScenario", "Outcome", "Precision", "Scenario", "ScenarioError", "TrainSpec"]

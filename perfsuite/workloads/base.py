@@ -1,0 +1,194 @@
+"""What every workload kind shares: the scenario's identity, scale, measurement
+plan, expectations and per-profile variants.
+
+A kind subclasses :class:`BaseScenario` with its own fields and declares, as
+class attributes, its name, the registered metrics its ranks produce, its
+headline metric and the :class:`~perfsuite.protocol.WorkloadSpec` it sends to
+the ranks. Launch, aggregation, judgement, baselines, relations and reporting
+read only this interface, so they are the same code for every kind.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal, get_args
+
+from perfsuite import metrics as registry
+from perfsuite.metrics import Metric, MetricError
+from perfsuite.protocol import WorkloadSpec
+from perfsuite.validation import ScenarioError, check_int, check_positive, fail
+
+Outcome = Literal["ok", "oom"]
+OUTCOMES: tuple[str, ...] = get_args(Outcome)
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
+
+
+def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value or {}))
+
+
+@dataclass(frozen=True)
+class BaseScenario:
+    """One benchmark scenario of some workload kind.
+
+    ``variants`` maps a profile name (``"cpu"``, ``"cuda-32gb"``) or device kind
+    (``"cpu"``/``"cuda"``) to field overrides; :meth:`resolve` applies the most
+    specific one. ``expect`` maps the same keys to ``"ok"`` or ``"oom"``.
+    """
+
+    kind: ClassVar[str]
+    """Name of the workload kind (``train``, ...)."""
+    metrics: ClassVar[tuple[str, ...]]
+    """Registered metrics its ranks produce (see :mod:`perfsuite.metrics`)."""
+    primary: ClassVar[str]
+    """Its headline throughput metric: shown first, and its CV decides ``unreliable``."""
+
+    group: str
+    """First half of the id; scenarios of one group share a baseline file."""
+    name: str
+    """Second half of the id."""
+    _: KW_ONLY
+    world_size: int = 1
+    """Ranks (GPUs on GPU profiles)."""
+    warmup_steps: int = 3
+    """Minimum warmup; more run until step times settle."""
+    max_warmup_steps: int | None = None
+    """Most warmup steps; default 3 x warmup_steps."""
+    steps: int = 10
+    """Measured steps (at least 2, to report a spread)."""
+    tolerances: Mapping[str, float] = field(default_factory=dict)
+    """Relative tolerance per metric, over the profile's default."""
+    max_imbalance: Mapping[str, float] = field(default_factory=dict)
+    """Limits on max/min across ranks, e.g. {"peak_mem_mib": 1.5}: a straggler
+    or a lopsided pipeline stage fails the scenario."""
+    expect: Mapping[str, Outcome] = field(default_factory=dict)
+    """Expected outcome per variant key; "ok" where absent."""
+    variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Field overrides per profile name or device kind."""
+    only_on: tuple[str, ...] = ()
+    """Variant keys this scenario runs on; empty means everywhere. Elsewhere it
+    skips without starting workers."""
+    timeout_s: float | None = None
+    """Wall-clock limit of one launch (default: the profile's)."""
+    reference: str = ""
+    """Which published row this reproduces."""
+
+    def __post_init__(self) -> None:
+        for name in ("tolerances", "max_imbalance", "expect", "variants"):
+            object.__setattr__(self, name, _frozen_mapping(getattr(self, name)))
+        self.validate()
+        self._validate_variants()
+
+    @property
+    def id(self) -> str:
+        """Stable id: the pytest parameter id and the baseline key."""
+        return f"{self.group}.{self.name}"
+
+    # -- what a kind provides -------------------------------------------------------
+    def validate(self) -> None:
+        """Check every field; a kind extends this with its own (``super().validate()`` first)."""
+        owner = self.id
+        for name in ("group", "name"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not _NAME_RE.match(value):
+                raise fail(owner, name, "must be lowercase letters, digits, '_' or '-'")
+        for name in ("world_size", "steps"):
+            check_int(owner, name, getattr(self, name), 1)
+        check_int(owner, "warmup_steps", self.warmup_steps, 0)
+        if self.max_warmup_steps is not None:
+            check_int(owner, "max_warmup_steps", self.max_warmup_steps, self.warmup_steps)
+        if self.steps < 2:
+            raise fail(owner, "steps", f"must be >= 2 to report a spread, got {self.steps}")
+        for metric, tol in self.tolerances.items():
+            self.metric(metric, "tolerances")
+            if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
+                raise fail(owner, "tolerances", f"[{metric!r}] must be in [0, 1), got {tol!r}")
+        for metric, limit in self.max_imbalance.items():
+            if not self.metric(metric, "max_imbalance").imbalance:
+                allowed = [m for m in self.metrics if registry.get(m).imbalance]
+                raise fail(owner, "max_imbalance", f"names {metric!r}; use one of {', '.join(allowed)}")
+            if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 1:
+                raise fail(owner, "max_imbalance", f"[{metric!r}] must be a ratio >= 1, got {limit!r}")
+        for key, outcome in self.expect.items():
+            if outcome not in OUTCOMES:
+                raise fail(owner, "expect", f"[{key!r}] must be one of {OUTCOMES}, got {outcome!r}")
+        if self.timeout_s is not None:
+            check_positive(owner, "timeout_s", self.timeout_s)
+
+    def step_work(self) -> Mapping[str, float]:
+        """Work of one step for each ``steps``-source metric it produces
+        (samples/s: the global batch), the numerator of the rate."""
+        raise NotImplementedError
+
+    def precondition(self, device: str) -> str:
+        """Why this scenario cannot run on ``device`` ("" if it can); checked
+        before launching, so nothing starts for a scenario that must skip."""
+        return ""
+
+    def rank_spec(self) -> WorkloadSpec:
+        """The typed spec its ranks receive."""
+        raise NotImplementedError
+
+    def to_config(self) -> dict[str, Any]:
+        """The resolved scenario as plain JSON, for the results file."""
+        return {
+            "id": self.id,
+            "group": self.group,
+            "name": self.name,
+            "kind": self.kind,
+            "world_size": self.world_size,
+            "warmup_steps": self.warmup_steps,
+            "max_warmup_steps": self.warmup_limit,
+            "steps": self.steps,
+        }
+
+    # -- shared behaviour -------------------------------------------------------------
+    def metric(self, name: str, where: str) -> Metric:
+        """The registry entry of a metric this kind produces, or a ScenarioError for ``where``."""
+        try:
+            metric = registry.get(name)
+        except MetricError as exc:
+            raise fail(self.id, where, str(exc)) from None
+        if name not in self.metrics:
+            raise fail(self.id, where, f"names {name!r}, which {self.kind} scenarios do not produce: {self.metrics}")
+        return metric
+
+    @property
+    def warmup_limit(self) -> int:
+        return self.max_warmup_steps if self.max_warmup_steps is not None else 3 * self.warmup_steps
+
+    def _validate_variants(self) -> None:
+        allowed = {f.name for f in dataclasses.fields(self)} - {"group", "name", "variants", "_"}
+        for key, overrides in self.variants.items():
+            unknown = set(overrides) - allowed
+            if unknown:
+                raise fail(self.id, f"variants[{key!r}]", f"overrides unknown fields {sorted(unknown)}")
+            try:
+                dataclasses.replace(self, variants={}, **overrides)
+            except ScenarioError as exc:
+                raise ScenarioError(f"{exc} (in variants[{key!r}])") from None
+
+    def resolve(self, keys: tuple[str, ...]) -> BaseScenario:
+        """This scenario as run on a profile whose variant keys are ``keys``.
+
+        The first key that has a variant wins (profile name before device kind).
+        """
+        for key in keys:
+            if key in self.variants:
+                return dataclasses.replace(self, variants={}, **self.variants[key])
+        return dataclasses.replace(self, variants={})
+
+    def expected_outcome(self, keys: tuple[str, ...]) -> Outcome:
+        for key in keys:
+            if key in self.expect:
+                return self.expect[key]
+        return "ok"
+
+
+__all__ = ["OUTCOMES", "BaseScenario", "Outcome", "ScenarioError"]
