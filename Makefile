@@ -1,6 +1,6 @@
 # Two entry points, each usable on a fresh clone:
 #   make bench  - set up, then run the benchmark scenarios on this machine's hardware
-#   make test   - set up, then run perfsuite's own tests and the cpu benchmark gate
+#   make test   - set up, lint (ruff, mypy), then run perfsuite's own tests and the cpu benchmark gate
 # ARGS passes extra pytest arguments, e.g. make bench ARGS="-k mixed_precision".
 
 PYTHON ?= python3
@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= deepspeed,fairscale,test
 
-.PHONY: setup bench test clean
+.PHONY: setup lint bench test clean
 
 setup: $(VENV)/.installed
 
@@ -29,9 +29,14 @@ $(VENV)/.installed: pyproject.toml
 bench: setup
 	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-json perf-results.json $(ARGS)
 
-test: setup
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest tests $(ARGS)
 	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-json perf-results-cpu.json
 
 clean:
-	rm -rf $(VENV) perf-results*.json
+	rm -rf $(VENV) .mypy_cache .ruff_cache perf-results*.json
