@@ -124,7 +124,10 @@ def pool(runs: Sequence[ScenarioMetrics], work: Mapping[str, float], names: Sequ
     metrics combined by their entry's ``across_launches``, and each launch's
     values kept under ``repeats``."""
     per_step = [t for run in runs for t in run.step_times_s]
-    values = _values(names, work, per_step, lambda m: _reduce(m.across_launches, [run.value(m.name) for run in runs]))
+    # Each launch's own number (not value()), so exact counts stay ints.
+    values = _values(
+        names, work, per_step, lambda m: _reduce(m.across_launches, [_number(run, m.name) for run in runs])
+    )
     first = runs[0]
     return ScenarioMetrics(
         values=values,
@@ -165,6 +168,11 @@ def _reduce(how: str, values: Sequence[float]) -> float:
     if how == "sum":
         return sum(values)
     return statistics.fmean(values)
+
+
+def _number(metrics: ScenarioMetrics, name: str) -> float:
+    value = metrics.values[name]
+    return value.mean if isinstance(value, Summary) else value
 
 
 def _reported(report: RankReport, name: str) -> float:

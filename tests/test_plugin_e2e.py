@@ -66,6 +66,8 @@ def test_results_file_follows_the_contract(project: pytest.Pytester) -> None:
     assert set(metrics["step_time_s"]) == {"median", "p90"}
     assert metrics["tokens_per_s"] == pytest.approx(metrics["samples_per_s"]["mean"] * 32)
     assert metrics["peak_mem_mib"] > 0 and metrics["model_state_bytes_per_rank"] > 0
+    assert isinstance(metrics["model_state_bytes_per_rank"], int) and isinstance(metrics["tokens_per_s"], float)
+    assert result["config"]["kind"] == "train"
     assert doc["machine"]["runtime"]["torch"]
 
 

@@ -36,6 +36,10 @@ def test_launches_pool_steps_and_reduce_rank_metrics_by_their_entry() -> None:
     pooled = pool([first, second], WORK, NAMES)
     assert pooled.summary("samples_per_s") is not None and pooled.summary("samples_per_s").n == 4
     assert pooled.value("samples_per_s") == 6.0 and pooled.value("peak_mem_mib") == 250
+    # Exact counts stay ints through pooling, as the results file reports them.
+    assert pooled.values["model_state_bytes_per_rank"] == 10 and isinstance(
+        pooled.values["model_state_bytes_per_rank"], int
+    )
     assert [r["samples_per_s"] for r in pooled.repeats] == [8.0, 4.0]
 
 
