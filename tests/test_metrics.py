@@ -78,7 +78,7 @@ from perfsuite.protocol import WorkloadSpec
 
 register_metric(Metric(
     "allreduce_busbw_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
-    across_launches="pool", spread=True, tolerances={"cpu": 0.5},
+    across_launches="pool", spread=True, tolerances={"cpu": 0.8},
 ))
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class AllReduce(BaseScenario):
     kind: ClassVar[str] = "allreduce"
     metrics: ClassVar[tuple[str, ...]] = ("allreduce_busbw_gbps", "peak_mem_mib")
     primary: ClassVar[str] = "allreduce_busbw_gbps"
-    elements: int = 2**20
+    elements: int = 2**22  # 16 MiB: steps long enough that scheduler jitter stays small
 
     def step_work(self):
         n = self.world_size
@@ -121,7 +121,7 @@ BENCH = """
 from allreduce_kind import AllReduce
 from perfsuite import parametrize
 
-@parametrize([AllReduce("collectives", "allreduce_4mib", world_size=2, warmup_steps=2, steps=20)])
+@parametrize([AllReduce("collectives", "allreduce_16mib", world_size=2, warmup_steps=2, steps=20)])
 def test_bench(perf, scenario):
     perf.check(scenario)
 """
@@ -133,25 +133,25 @@ def test_a_registered_metric_of_a_new_kind_is_recorded_and_gated(pytester: pytes
     run = ("-p", "no:cacheprovider", "-rA")
     pytester.runpytest_subprocess(*run, "--perf-update-baselines").assert_outcomes(passed=1)
     path = pytester.path / "baselines" / "cpu" / "collectives.json"
-    entry = json.loads(path.read_text())["scenarios"]["collectives.allreduce_4mib"]
+    entry = json.loads(path.read_text())["scenarios"]["collectives.allreduce_16mib"]
     stored = entry["metrics"]["allreduce_busbw_gbps"]
     assert set(stored) == {"mean", "std", "n"} and stored["n"] == 20 and stored["mean"] > 0
 
     out = pytester.path / "r.json"
     again = pytester.runpytest_subprocess(*run, f"--perf-json={out}")
     again.assert_outcomes(passed=1)
-    again.stdout.fnmatch_lines(["collectives.allreduce_4mib*ok*GB/s*pass*"])
+    again.stdout.fnmatch_lines(["collectives.allreduce_16mib*ok*GB/s*pass*"])
     (result,) = json.loads(out.read_text())["results"]
     assert result["config"]["kind"] == "allreduce"
     assert [c["metric"] for c in result["checks"]] == ["allreduce_busbw_gbps", "peak_mem_mib"]
 
     doc = json.loads(path.read_text())
-    doc["scenarios"]["collectives.allreduce_4mib"]["metrics"]["allreduce_busbw_gbps"]["mean"] *= 10
+    doc["scenarios"]["collectives.allreduce_16mib"]["metrics"]["allreduce_busbw_gbps"]["mean"] *= 10
     path.write_text(json.dumps(doc))
     doctored = pytester.runpytest_subprocess(*run, "--perf-confirm=0")
     doctored.assert_outcomes(failed=1)
     doctored.stdout.fnmatch_lines(
-        ["*collectives.allreduce_4mib: regression: allreduce_busbw_gbps*vs baseline*higher is better*"]
+        ["*collectives.allreduce_16mib: regression: allreduce_busbw_gbps*vs baseline*higher is better*"]
     )
 
 
