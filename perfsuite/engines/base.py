@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar, get_type_hints
 
-from perfsuite.layout import SCHEDULES, LayoutError, ParallelLayout, Schedule
+from perfsuite.layout import SCHEDULES, ParallelLayout, Schedule
 from perfsuite.protocol import Device, ProtocolError, decode_value
 
 OptionsT = TypeVar("OptionsT", bound="EngineOptions")
@@ -139,13 +139,9 @@ class EngineSpec:
         return parsed
 
     def _check_schedule(self, options: EngineOptions) -> None:
-        try:
-            layout = options.layout(world_size=_any_world(options))
-        except LayoutError:
-            return  # reported with the world size by the scenario
-        if layout.pp > 1 and layout.schedule not in self.schedules:
+        if isinstance(options, ParallelOptions) and options.pp > 1 and options.schedule not in self.schedules:
             raise OptionError(
-                f"asks for schedule {layout.schedule!r}, which engine {self.name!r} does not have; "
+                f"asks for schedule {options.schedule!r}, which engine {self.name!r} does not have; "
                 f"use one of {', '.join(self.schedules)}"
             )
 
@@ -158,11 +154,6 @@ class EngineSpec:
                 hint = f"pip install 'perfsuite[{self.extra}]'" if self.extra else f"install {module}"
                 return f"{module} is not installed; install it with: {hint}"
         return ""
-
-
-def _any_world(options: EngineOptions) -> int:
-    tp, pp = getattr(options, "tp", 1), getattr(options, "pp", 1)
-    return tp * pp if isinstance(tp, int) and isinstance(pp, int) else 1
 
 
 def _importable(module: str) -> bool:
