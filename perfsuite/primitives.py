@@ -119,9 +119,13 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step the optimizer; False when the loss scaler skipped it (inf/NaN
+        gradients). GradScaler backs its scale off exactly when it skips."""
         if self.scaler is None:
             optimizer.step()
-            return
+            return True
+        before = self.scaler.get_scale()
         self.scaler.step(optimizer)
         self.scaler.update()
+        return self.scaler.get_scale() >= before

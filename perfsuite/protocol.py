@@ -212,6 +212,9 @@ class RankReport:
     """Warmup steps run before measuring."""
     losses: tuple[float, ...] = ()
     """Training loss of each measured step (training kinds)."""
+    skipped_steps: tuple[int, ...] = ()
+    """Measured steps (0-based) whose optimizer update the engine skipped
+    (fp16 loss-scale overflow); rates leave them out."""
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """This rank's value of each ``rank``-source metric, by registry name."""
     memory: Mapping[str, float] = dataclasses.field(default_factory=dict)

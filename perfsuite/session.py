@@ -225,7 +225,10 @@ class PerfSession:
             launch_info=self.launch_info(measurement),
         )
         result.extra_metrics.update(self.extra_metrics(result))
-        if (self.settings.update_baselines or self.settings.calibrate) and measurement.status in ("ok", "oom"):
+        # A run that mostly skipped its updates trained too little to stand as a baseline.
+        mostly_skipped = measurement.metrics is not None and bool(too_many_skipped(measurement.metrics))
+        recordable = measurement.status in ("ok", "oom") and not mostly_skipped
+        if (self.settings.update_baselines or self.settings.calibrate) and recordable:
             result.judgement = self._record(scenario, result)
         return result
 
@@ -294,8 +297,13 @@ class PerfSession:
             return Judgement("error", f"workers {outcome.status}: {detail}")
         expected = baseline.expected if baseline else scenario.expected_outcome(self.profile.variant_keys)
         decided = judge_outcome(outcome.status, expected, baseline)
-        if decided is not None or metrics is None or baseline is None:
+        if (decided is not None and decided.verdict != "no_baseline") or metrics is None:
             return decided or Judgement("error", "no metrics")
+        skipped = too_many_skipped(metrics)
+        if skipped:
+            return Judgement("unreliable", skipped)
+        if decided is not None or baseline is None:
+            return decided or Judgement("no_baseline", "no baseline recorded")
         changes = tuple(stack_changes(dict(baseline.fingerprint), self.current_fingerprint()))
         primary = metrics.summary(scenario.primary)
         if primary is not None and primary.cv > self.profile.max_cv:
@@ -350,6 +358,17 @@ class PerfSession:
             return RelationOutcome(relation, "skipped", f"holds on {where} profiles only, this is {self.profile.name}")
         left, right = self.run(relation.left), self.run(relation.right)
         return evaluate(relation, left, right, left.scenario.world_size)
+
+
+def too_many_skipped(metrics: ScenarioMetrics) -> str:
+    """Why the throughput of a run with most updates skipped cannot be judged ("" if it can)."""
+    measured = len(metrics.step_times_s) + metrics.skipped_steps
+    if metrics.skipped_steps * 2 <= measured:
+        return ""
+    return (
+        f"{metrics.skipped_steps} of {measured} measured steps skipped their optimizer update on fp16 "
+        "loss-scale overflow; the applied steps left are too few to judge (and such a run is not recorded)"
+    )
 
 
 def baseline_metrics(metrics: ScenarioMetrics) -> dict[str, Any]:

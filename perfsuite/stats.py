@@ -60,7 +60,7 @@ class ScenarioMetrics:
     step_time_median_s: float
     step_time_p90_s: float
     step_times_s: list[float]
-    """Slowest-rank time of each measured step (all launches)."""
+    """Slowest-rank time of each measured step whose update was applied (all launches)."""
     per_rank: list[dict[str, Any]] = field(default_factory=list)
     """Each rank's own figures (first launch)."""
     steady_state_start: int = 0
@@ -69,6 +69,9 @@ class ScenarioMetrics:
     """Per rank, first launch."""
     repeats: list[dict[str, Any]] = field(default_factory=list)
     """Each launch's value of every metric."""
+    skipped_steps: int = 0
+    """Measured steps left out because the engine skipped their update (fp16
+    overflow): they did no training, and skipping is faster."""
 
     def value(self, name: str) -> float:
         """The number compared with baselines and in relations (a Summary's mean)."""
@@ -93,6 +96,7 @@ class ScenarioMetrics:
             "steady_state_start": self.steady_state_start,
             "health": self.health,
             "repeats": self.repeats,
+            "skipped_steps": self.skipped_steps,
         }
 
     def repeat_summary(self) -> dict[str, Any]:
@@ -104,18 +108,22 @@ def aggregate(ranks: Sequence[RankReport], work: Mapping[str, float], names: Seq
 
     A synchronous step is as slow as its slowest rank, so rates use the max
     over ranks of each step's time; ``rank`` metrics combine by their entry's
-    ``across_ranks`` (max: the worst rank).
+    ``across_ranks`` (max: the worst rank). Steps whose update any rank
+    skipped are left out of the rates and step times.
     """
-    per_step = [max(times) for times in zip(*(r.step_times_s for r in ranks), strict=True)]
+    skipped = {i for r in ranks for i in r.skipped_steps}
+    slowest = [max(times) for times in zip(*(r.step_times_s for r in ranks), strict=True)]
+    per_step = [t for i, t in enumerate(slowest) if i not in skipped]
     values = _values(names, work, per_step, lambda m: _reduce(m.across_ranks, [_reported(r, m.name) for r in ranks]))
     return ScenarioMetrics(
         values=values,
         step_time_median_s=statistics.median(per_step),
         step_time_p90_s=percentile(per_step, 90),
         step_times_s=per_step,
-        per_rank=[_rank_row(r, work, names) for r in ranks],
+        per_rank=[_rank_row(r, work, names, skipped) for r in ranks],
         steady_state_start=ranks[0].steady_state_start,
         health=[{"rank": r.rank, **r.health} for r in ranks],
+        skipped_steps=len(skipped),
     )
 
 
@@ -138,6 +146,7 @@ def pool(runs: Sequence[ScenarioMetrics], work: Mapping[str, float], names: Sequ
         steady_state_start=first.steady_state_start,
         health=first.health,
         repeats=[run.repeat_summary() for run in runs],
+        skipped_steps=sum(run.skipped_steps for run in runs),
     )
 
 
@@ -184,8 +193,8 @@ def _reported(report: RankReport, name: str) -> float:
     return report.metrics[name]
 
 
-def _rank_row(report: RankReport, work: Mapping[str, float], names: Sequence[str]) -> dict[str, Any]:
-    mean_step = statistics.fmean(report.step_times_s)
+def _rank_row(report: RankReport, work: Mapping[str, float], names: Sequence[str], skipped: set[int]) -> dict[str, Any]:
+    mean_step = statistics.fmean(t for i, t in enumerate(report.step_times_s) if i not in skipped)
     row: dict[str, Any] = {"rank": report.rank, "host": report.host}
     for name in names:
         steps = registry.get(name).source == "steps"

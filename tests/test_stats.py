@@ -58,3 +58,14 @@ def test_summary_and_percentiles() -> None:
 def test_empty_sample_is_an_error() -> None:
     with pytest.raises(ValueError):
         Summary.of([])
+
+
+def test_skipped_updates_leave_the_rates_and_are_counted() -> None:
+    # Rank 1 skipped measured step 1 (an fp16 overflow): a fast step that trained nothing.
+    ranks = [rank(0, [1.0, 0.1, 1.0], 100, 10), rank(1, [1.0, 0.1, 2.0], 100, 10)]
+    ranks[1] = RankReport(**{**ranks[1].__dict__, "skipped_steps": (1,)})
+    m = aggregate(ranks, WORK, NAMES)
+    assert m.skipped_steps == 1 and m.step_times_s == [1.0, 2.0]
+    assert m.summary("samples_per_s") == Summary.of([8.0, 4.0])
+    assert [r["samples_per_s"] for r in m.per_rank] == [8.0, 8 / 1.5]
+    assert pool([m, m], WORK, NAMES).skipped_steps == 2 and m.to_json()["skipped_steps"] == 1

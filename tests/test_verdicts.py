@@ -26,9 +26,15 @@ class FakeLauncher(Launcher):
 
     name = "fake"
 
-    def __init__(self, launches: Sequence[Sequence[float]], peaks: tuple[float, float] = (100.0, 100.0)) -> None:
+    def __init__(
+        self,
+        launches: Sequence[Sequence[float]],
+        peaks: tuple[float, float] = (100.0, 100.0),
+        skipped: tuple[int, ...] = (),
+    ) -> None:
         self.launches: Iterator[Sequence[float]] = iter(launches)
         self.peaks = peaks
+        self.skipped = skipped
         self.count = 0
 
     def run(self, job: WorkerJob) -> LaunchOutcome:
@@ -41,6 +47,7 @@ class FakeLauncher(Launcher):
                 status="ok",
                 step_times_s=tuple(times),
                 steady_state_start=2,
+                skipped_steps=self.skipped,
                 runtime={"torch": "2.13.0"},
                 model_state=state,
                 metrics={
@@ -186,3 +193,12 @@ def test_cuda_only_engine_skips_on_cpu_without_launching(tmp_path: Path) -> None
     result = perf.run(fsdp)
     assert result.verdict == "skipped" and launcher.count == 0
     assert result.judgement.message.startswith("fairscale FSDP needs CUDA")
+
+
+def test_a_run_that_mostly_skipped_its_updates_is_unreliable_and_not_recorded(tmp_path: Path) -> None:
+    launcher = FakeLauncher([STEADY], skipped=(0, 1, 3))
+    run = RunSettings(profile=CPU, baselines_dir=tmp_path / "baselines", workdir=tmp_path, update_baselines=True)
+    result = PerfSession(run, FINGERPRINT, launcher).run(SCENARIO)
+    assert result.verdict == "unreliable" and "3 of 5 measured steps skipped" in result.judgement.message
+    assert not (tmp_path / "baselines" / "cpu" / "g.json").exists()
+    assert result.metrics is not None and result.metrics.summary("samples_per_s").n == 2

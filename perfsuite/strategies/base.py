@@ -88,8 +88,10 @@ class Strategy(ABC):
         all but the last micro-batch of a gradient-accumulation step."""
 
     @abstractmethod
-    def optimizer_step(self) -> None:
-        """Apply the accumulated gradients and clear them."""
+    def optimizer_step(self) -> bool:
+        """Apply the accumulated gradients and clear them. Return False when
+        the engine skipped the update (fp16 loss-scale overflow): such steps
+        are faster and must not count as training throughput."""
 
     @abstractmethod
     def state_tensors(self) -> StateTensors:
@@ -134,9 +136,10 @@ class TorchStrategy(Strategy):
             self.precision.backward(loss / self.ctx.grad_accum)
         return loss.detach()
 
-    def optimizer_step(self) -> None:
-        self.precision.step(self.optimizer)
+    def optimizer_step(self) -> bool:
+        applied = self.precision.step(self.optimizer)
         self.zero_grad()
+        return applied
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

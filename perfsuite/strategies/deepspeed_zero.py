@@ -152,8 +152,9 @@ class DeepSpeedZeroStrategy(Strategy):
         self.engine.backward(loss)  # divides by gradient_accumulation_steps itself
         return loss.detach()  # unscaled, as TorchStrategy reports it
 
-    def optimizer_step(self) -> None:
+    def optimizer_step(self) -> bool:
         self.engine.step()  # reduces (stage 0/1) or finalises (stage 2/3), then updates
+        return bool(self.engine.was_step_applied())  # False after an fp16 overflow
 
     def state_tensors(self) -> StateTensors:
         """What this rank holds, found where DeepSpeed 0.19.8 keeps it.

@@ -425,13 +425,14 @@ class MegatronCoreStrategy(Strategy):
             )
         return loss
 
-    def optimizer_step(self) -> None:
+    def optimizer_step(self) -> bool:
         # (success, grad_norm, num_zeros): success is False when megatron's fp16
         # scaler found inf/NaN and skipped the update (every rank agrees).
-        _success, _grad_norm, _num_zeros = self.optimizer.step()
+        success, _grad_norm, _num_zeros = self.optimizer.step()
         # Drops the main params' .grad (fp32 copies of the main grads under
         # fp16); the grad buffer itself is zeroed at the start of the next step.
         self.optimizer.zero_grad()
+        return bool(success)
 
     def state_tensors(self) -> StateTensors:
         params = [p for chunk in self.chunks for p in chunk.parameters()]

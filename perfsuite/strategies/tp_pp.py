@@ -310,9 +310,10 @@ class TPPPStrategy(Strategy):
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
 
-    def optimizer_step(self) -> None:
-        self.precision.step(self.optimizer)
+    def optimizer_step(self) -> bool:
+        applied = self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
+        return applied
 
     def state_tensors(self) -> StateTensors:
         params = [p for part in self.parts for p in part.parameters()]

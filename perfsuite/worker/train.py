@@ -4,6 +4,7 @@ engine, and run real optimizer steps on synthetic batches."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 
 from perfsuite.models.build import build_model, synthetic_batch
@@ -61,6 +62,7 @@ class TrainRunner(Runner):
         strategy.setup(model)
         del model  # the strategy holds what it needs; a stray reference skews memory
         losses: deque[float] = deque(maxlen=spec.steps)
+        applied: deque[bool] = deque(maxlen=spec.steps)
         state: dict[str, int] = {}
         counter = itertools.count()
 
@@ -73,14 +75,23 @@ class TrainRunner(Runner):
                 # After backward, before the optimizer step: gradients and
                 # optimizer states coexist.
                 state.update(count_state_bytes(strategy.state_tensors()))
-            strategy.optimizer_step()
+            applied.append(strategy.optimizer_step())
             # A float, not the tensor: keeping each step's detached loss tensor
             # grew a DDP rank's RSS by ~12 MiB a step (measured on the cpu
             # profile: peak 560 -> 720 MiB over 12 steps). The optimizer step is
             # already queued, so this sync adds nothing the timer's would not.
-            losses.append(float(loss))
+            value = float(loss)
+            if not math.isfinite(value):
+                raise FloatingPointError(f"non-finite training loss {value} at step {index}: the run diverged")
+            losses.append(value)
 
         result = measure(step, self.job, ctx, reporter)
+        skipped = tuple(i for i, ok in enumerate(applied) if not ok)
+        if len(skipped) == spec.steps:
+            raise FloatingPointError(
+                f"all {spec.steps} measured optimizer steps were skipped on fp16 overflow: "
+                "the loss scale never settled, nothing was trained"
+            )
         return RankReport(
             rank=ctx.rank,
             status="ok",
@@ -88,6 +99,7 @@ class TrainRunner(Runner):
             warmup_times_s=tuple(result.warmup_times_s),
             steady_state_start=result.steady_state_start,
             losses=tuple(losses),
+            skipped_steps=skipped,
             metrics=rank_metrics(result.peak_mem_mib, state),
             memory=result.memory,
             model_state=state,
