@@ -1,4 +1,4 @@
-"""Model FLOPs utilisation (MFU) for GPU runs, with the formula named.
+"""Model FLOPs utilisation (MFU) for GPU runs, with the formula and the peak named.
 
 FLOPs per iteration use Megatron's formula for a transformer trained without
 activation recomputation (Narayanan et al., 2021, eq. 3):
@@ -8,24 +8,82 @@ activation recomputation (Narayanan et al., 2021, eq. 3):
 B global batch, s sequence, l layers, h hidden, V vocabulary. It counts the
 forward and backward matmuls (including attention scores and the LM head);
 BERT's encoder blocks have the same per-layer cost, so it applies to them too.
-Peak rates are dense tensor-core datasheet figures per GPU.
+
+Peaks are dense (no 2:4 sparsity) datasheet figures per GPU, per exact SKU as
+NVML names it: fp16/bf16 on tensor cores with fp32 accumulation (what autocast
+uses), fp32 on the non-tensor units (torch does not use TF32 for matmuls by
+default). A GPU not listed gets no MFU, saying so; a profile's
+``peak_tflops`` supplies one.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 FORMULA = "megatron: 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh)) per iteration, no recompute"
 
-#: Dense peak TFLOP/s per GPU by precision (fp32 runs use TF32 tensor cores
-#: only where torch allows it; the fp32 figure is the non-tensor-core peak).
-PEAK_TFLOPS: Mapping[str, Mapping[str, float]] = {
-    "h200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "h100": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "a100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
-    "v100": {"bf16": 0.0, "fp16": 125.0, "fp32": 15.7},
+
+@dataclass(frozen=True)
+class Peak:
+    """Dense datasheet TFLOP/s of one GPU SKU."""
+
+    sku: str
+    fp16: float | None
+    bf16: float | None
+    fp32: float
+
+    def tflops(self, precision: str) -> float | None:
+        value: float | None = getattr(self, precision, None)
+        return value
+
+
+_H100_SXM = Peak("H100 SXM5", 989.0, 989.0, 67.0)
+_H100_PCIE = Peak("H100 PCIe", 756.0, 756.0, 51.0)
+_H100_NVL = Peak("H100 NVL", 835.0, 835.0, 60.0)
+_A100 = Peak("A100 (SXM4 and PCIe, 40 and 80 GB)", 312.0, 312.0, 19.5)
+
+#: Normalised NVML name (lowercase; "nvidia", "tesla", "geforce" dropped) -> peak.
+PEAKS: Mapping[str, Peak] = {
+    "v100-sxm2-16gb": Peak("V100 SXM2", 125.0, None, 15.7),
+    "v100-sxm2-32gb": Peak("V100 SXM2", 125.0, None, 15.7),
+    "v100-pcie-16gb": Peak("V100 PCIe", 112.0, None, 14.0),
+    "v100-pcie-32gb": Peak("V100 PCIe", 112.0, None, 14.0),
+    "v100s-pcie-32gb": Peak("V100S PCIe", 130.0, None, 16.4),
+    "a100-sxm4-40gb": _A100,
+    "a100-sxm4-80gb": _A100,
+    "a100-pcie-40gb": _A100,
+    "a100 80gb pcie": _A100,
+    "rtx a6000": Peak("RTX A6000", 154.8, 154.8, 38.7),
+    "rtx 3090 ti": Peak("GeForce RTX 3090 Ti (fp16 with fp32 accumulate)", 80.0, 80.0, 40.0),
+    "a10": Peak("A10", 125.0, 125.0, 31.2),
+    "l40s": Peak("L40S", 362.0, 362.0, 91.6),
+    "h100 80gb hbm3": _H100_SXM,
+    "h100 sxm5 80gb": _H100_SXM,
+    "h100 pcie": _H100_PCIE,
+    "h100 nvl": _H100_NVL,
+    "h800": Peak("H800 SXM5", 989.0, 989.0, 67.0),
+    "h800 80gb hbm3": Peak("H800 SXM5", 989.0, 989.0, 67.0),
+    "h800 pcie": Peak("H800 PCIe", 756.0, 756.0, 51.0),
+    "h20": Peak("H20", 148.0, 148.0, 44.0),
+    "h200": Peak("H200 SXM", 989.0, 989.0, 67.0),
+    "h200 nvl": Peak("H200 NVL", 835.0, 835.0, 60.0),
+    "gh200 480gb": Peak("GH200", 989.0, 989.0, 67.0),
+    "gh200 144g hbm3e": Peak("GH200", 989.0, 989.0, 67.0),
+    "b200": Peak("B200 (HGX, 1000 W)", 2250.0, 2250.0, 80.0),
 }
+
+
+def normalise(gpu_name: str) -> str:
+    """``NVIDIA GeForce RTX 3090 Ti`` -> ``rtx 3090 ti``."""
+    name = re.sub(r"\b(nvidia|tesla|geforce)\b", " ", gpu_name.lower())
+    return " ".join(name.split())
+
+
+def gpu_peak(gpu_name: str) -> Peak | None:
+    return PEAKS.get(normalise(gpu_name))
 
 
 def flops_per_iteration(config: Mapping[str, Any]) -> float:
@@ -35,17 +93,30 @@ def flops_per_iteration(config: Mapping[str, Any]) -> float:
 
 
 def peak_tflops(gpu_name: str, precision: str) -> float | None:
-    name = gpu_name.lower()
-    for key, peaks in PEAK_TFLOPS.items():
-        if key in name and peaks.get(precision):
-            return peaks[precision]
-    return None
+    peak = gpu_peak(gpu_name)
+    return peak.tflops(precision) if peak else None
 
 
-def mfu(config: Mapping[str, Any], step_time_s: float, gpu_name: str) -> dict[str, Any] | None:
-    """MFU of one run, or None where the GPU's peak is unknown."""
-    peak = peak_tflops(gpu_name, config["precision"])
-    if peak is None:
-        return None
+def mfu(
+    config: Mapping[str, Any], step_time_s: float, gpu_name: str, peaks: Mapping[str, float] | None = None
+) -> dict[str, Any]:
+    """MFU of one training run. ``peaks`` (precision -> TFLOP/s, from the
+    profile) wins over the table; without a peak, ``value`` is None and
+    ``note`` says why."""
+    precision = config["precision"]
     achieved = flops_per_iteration(config) / step_time_s / config["world_size"] / 1e12
-    return {"value": achieved / peak, "achieved_tflops_per_gpu": achieved, "peak_tflops": peak, "formula": FORMULA}
+    result: dict[str, Any] = {"achieved_tflops_per_gpu": achieved, "formula": FORMULA, "gpu": gpu_name}
+    if peaks and precision in peaks:
+        return {
+            **result,
+            "value": achieved / peaks[precision],
+            "peak_tflops": peaks[precision],
+            "peak_source": "profile",
+        }
+    peak = gpu_peak(gpu_name)
+    tflops = peak.tflops(precision) if peak else None
+    if peak is None or tflops is None:
+        why = f"no {precision} datasheet peak" if peak else "GPU not in perfsuite.flops.PEAKS"
+        note = f"no MFU for {gpu_name!r}: {why}; set the profile's peak_tflops to supply one"
+        return {**result, "value": None, "peak_tflops": None, "note": note}
+    return {**result, "value": achieved / tflops, "peak_tflops": tflops, "peak_source": f"datasheet: {peak.sku}"}

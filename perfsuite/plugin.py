@@ -226,8 +226,7 @@ def pytest_perfsuite_extra_metrics(
     gpus = fingerprint.get("gpus") or []
     if profile.device != "cuda" or result.metrics is None or not gpus or "model" not in config:
         return None
-    value = mfu(config, result.metrics.step_time_median_s, gpus[0]["name"])
-    return {"mfu": value} if value else None
+    return {"mfu": mfu(config, result.metrics.step_time_median_s, gpus[0]["name"], profile.peak_tflops)}
 
 
 def _worker_env(config: pytest.Config) -> dict[str, str]:

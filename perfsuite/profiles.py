@@ -44,6 +44,9 @@ class HardwareProfile:
     max_cv: float = 0.05
     #: Warmup ends once the last 3 step times spread less than this (relative).
     steady_threshold: float = 0.05
+    #: Dense peak TFLOP/s per GPU by precision, for MFU where perfsuite.flops
+    #: does not know this GPU (or to override its datasheet figure).
+    peak_tflops: Mapping[str, float] = field(default_factory=dict)
     #: Extra keys (besides name and device) looked up in Scenario.variants/expect.
     aliases: tuple[str, ...] = ()
     description: str = ""

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfsuite.flops import flops_per_iteration, mfu
+from perfsuite.flops import flops_per_iteration, gpu_peak, mfu
 
 GPT_1_3B = {
     "model": {"layers": 24, "hidden": 2048, "vocab": 50304},
@@ -22,7 +22,38 @@ def test_megatron_formula_matches_6nd_plus_attention() -> None:
 
 def test_mfu_uses_the_gpu_peak_and_names_the_formula() -> None:
     result = mfu(GPT_1_3B, step_time_s=1.0, gpu_name="NVIDIA H100 80GB HBM3")
-    assert result is not None and result["peak_tflops"] == 989.0
+    assert result["peak_tflops"] == 989.0 and result["peak_source"] == "datasheet: H100 SXM5"
     assert result["value"] == pytest.approx(flops_per_iteration(GPT_1_3B) / 4 / 1e12 / 989.0)
     assert "72*B*s*l*h^2" in result["formula"]
-    assert mfu(GPT_1_3B, 1.0, "Some Future GPU") is None
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "sku", "fp16"),
+    [
+        ("NVIDIA H100 PCIe", "H100 PCIe", 756.0),  # a substring match would give the SXM peak
+        ("NVIDIA H100 NVL", "H100 NVL", 835.0),
+        ("NVIDIA H800", "H800 SXM5", 989.0),
+        ("NVIDIA H20", "H20", 148.0),
+        ("NVIDIA H200 NVL", "H200 NVL", 835.0),
+        ("NVIDIA GH200 480GB", "GH200", 989.0),
+        ("NVIDIA B200", "B200 (HGX, 1000 W)", 2250.0),
+        ("NVIDIA L40S", "L40S", 362.0),
+        ("NVIDIA A10", "A10", 125.0),
+        ("NVIDIA A100 80GB PCIe", "A100 (SXM4 and PCIe, 40 and 80 GB)", 312.0),
+        ("Tesla V100-SXM2-32GB", "V100 SXM2", 125.0),
+        ("NVIDIA RTX A6000", "RTX A6000", 154.8),
+        ("NVIDIA GeForce RTX 3090 Ti", "GeForce RTX 3090 Ti (fp16 with fp32 accumulate)", 80.0),
+    ],
+)
+def test_each_sku_gets_its_own_datasheet_peak(nvml_name: str, sku: str, fp16: float) -> None:
+    peak = gpu_peak(nvml_name)
+    assert peak is not None and peak.sku == sku and peak.tflops("fp16") == fp16
+
+
+def test_unknown_gpu_or_precision_says_why_and_a_profile_can_supply_the_peak() -> None:
+    unknown = mfu(GPT_1_3B, 1.0, "NVIDIA Future GPU")
+    assert unknown["value"] is None and "GPU not in perfsuite.flops.PEAKS" in unknown["note"]
+    v100_bf16 = mfu({**GPT_1_3B, "precision": "bf16"}, 1.0, "Tesla V100-SXM2-32GB")
+    assert v100_bf16["value"] is None and "no bf16 datasheet peak" in v100_bf16["note"]
+    supplied = mfu(GPT_1_3B, 1.0, "NVIDIA Future GPU", peaks={"fp16": 500.0})
+    assert supplied["peak_tflops"] == 500.0 and supplied["peak_source"] == "profile"
