@@ -36,7 +36,7 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest tests $(ARGS)
-	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-json perf-results-cpu.json
+	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-profile=cpu --perf-json perf-results-cpu.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache perf-results*.json

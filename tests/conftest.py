@@ -10,6 +10,11 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+#: Tests of cpu behaviour pin the cpu profile, so they pass on GPU machines too.
+CPU_PROFILE = "--perf-profile=cpu"
+#: A fake ``pynvml`` (tests/fake_nvml) that presents the GPUs in FAKE_NVML_GPUS.
+FAKE_NVML = Path(__file__).parent / "fake_nvml"
+
 #: A BERT small enough that a 2-rank torchrun run takes a few seconds on 2 cores.
 TINY = 'ModelSpec("bert", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)'
 TINY_SHAPE = "world_size=2, micro_batch=8, global_batch=16, seq_len=32, warmup_steps=1, steps=4"

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY_SHAPE, bench_module
+from conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 
 from perfsuite.primitives import Precision
 
@@ -54,7 +54,9 @@ def test_overflow_skipped_steps_are_counted_and_left_out(pytester: pytest.Pytest
         )
     )
     out = pytester.path / "r.json"
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--perf-json={out}").assert_outcomes(skipped=1)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", CPU_PROFILE, f"--perf-json={out}").assert_outcomes(
+        skipped=1
+    )
     (result,) = json.loads(out.read_text())["results"]
     metrics = result["metrics"]
     assert result["status"] == "ok" and result["verdict"] == "no_baseline"
@@ -69,7 +71,7 @@ def test_a_non_finite_loss_fails_the_scenario(pytester: pytest.Pytester) -> None
             f'Scenario("fp16", "diverge", TINY, {TINY_SHAPE}, precision="fp16", strategy="faults:Diverge"),'
         )
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", CPU_PROFILE)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         ["*fp16.diverge: error: workers crash: rank 0*FloatingPointError: non-finite training loss nan*"]

@@ -96,6 +96,7 @@ def test_two_agents_rendezvous_over_loopback(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess(
         "-p",
         "no:cacheprovider",
+        "--perf-profile=cpu",
         "--perf-launcher=torchrun",
         "--perf-nnodes=2",
         f"--perf-rdzv-endpoint=127.0.0.1:{port}",

@@ -130,7 +130,7 @@ def test_bench(perf, scenario):
 def test_a_registered_metric_of_a_new_kind_is_recorded_and_gated(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(allreduce_kind=KIND, allreduce_rank=RUNNER, test_bench=BENCH)
     pytester.mkdir("baselines")
-    run = ("-p", "no:cacheprovider", "-rA")
+    run = ("-p", "no:cacheprovider", "-rA", "--perf-profile=cpu")
     pytester.runpytest_subprocess(*run, "--perf-update-baselines").assert_outcomes(passed=1)
     path = pytester.path / "baselines" / "cpu" / "collectives.json"
     entry = json.loads(path.read_text())["scenarios"]["collectives.allreduce_16mib"]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 import time
 
 import pytest
-from conftest import TINY_SHAPE, bench_module, leftover_workers
+from conftest import CPU_PROFILE, FAKE_NVML, TINY_SHAPE, bench_module, leftover_workers
 
 # A 3-step run of a tiny model swings widely in throughput on a busy 2-core
 # machine; the tolerance is loose so only a planted 10x drop must fail.
@@ -16,7 +17,9 @@ ONE = f'Scenario("tiny", "fp32", TINY, {TINY_SHAPE}, tolerances={{"samples_per_s
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", *args)
+    """The plugin in a subprocess, on the cpu profile unless ``args`` name one."""
+    pin = [] if any(a.startswith("--perf-profile") for a in args) else [CPU_PROFILE]
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", *pin, *args)
 
 
 def baseline_path(pytester: pytest.Pytester, group: str = "tiny"):
@@ -204,7 +207,9 @@ def test_hooks_choose_profile_and_add_metrics(project: pytest.Pytester) -> None:
     )
     project.makepyfile(test_bench=bench_module(ONE))
     out = project.path / "r.json"
-    run(project, "--perf-update-baselines", f"--perf-json={out}").assert_outcomes(passed=1)
+    # No --perf-profile here: the hardware-key hook must choose it.
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--perf-update-baselines", f"--perf-json={out}")
+    result.assert_outcomes(passed=1)
     assert (project.path / "baselines" / "lab-box" / "tiny.json").exists()
     assert json.loads(out.read_text())["results"][0]["metrics"]["extra"] == {"loss_last": True}
 
@@ -220,8 +225,27 @@ def test_planted_slowdown_fails_after_confirmation(project: pytest.Pytester) -> 
 
 def test_calibrate_command_writes_tolerances(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=bench_module(ONE))
-    result = project.run(sys.executable, "-m", "perfsuite", "calibrate", "test_bench.py", "--repeats", "2")
+    result = project.run(sys.executable, "-m", "perfsuite", "calibrate", "test_bench.py", "--repeats", "2", CPU_PROFILE)
     assert result.ret == 0, result.stdout.str()
     entry = json.loads(baseline_path(project).read_text())["scenarios"]["tiny.fp32"]
     assert set(entry["tolerances"]) == {"samples_per_s", "peak_mem_mib", "model_state_bytes_per_rank"}
     assert entry["calibration"]["repeats"] == 2
+
+
+def test_gpu_fingerprint_picks_the_gpu_profile_and_the_cpu_pin_still_runs(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `make test` relies on: on a GPU machine (here NVML faked at its
+    boundary with one H100) detection picks the GPU profile, and the cpu gate
+    and self-tests still run because they pin the cpu profile."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE_NVML), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("FAKE_NVML_GPUS", "NVIDIA H100 80GB HBM3")
+    project.makepyfile(test_bench=bench_module(ONE))
+    out = project.path / "r.json"
+    detected = project.runpytest_subprocess("-p", "no:cacheprovider", "-rA", f"--perf-json={out}")
+    detected.assert_outcomes(skipped=1)
+    doc = json.loads(out.read_text())
+    assert doc["profile"] == "nvidia-h100-80gb-hbm3-x1" and doc["machine"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert doc["results"][0]["message"] == "needs 2 GPUs, 1 node(s) here have 1"
+    run(project, "--perf-update-baselines").assert_outcomes(passed=1)
+    assert baseline_path(project).exists()

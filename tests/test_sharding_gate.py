@@ -4,7 +4,7 @@ scenario misconfigured as stage 0, as an engine regression would leave it."""
 from __future__ import annotations
 
 import pytest
-from conftest import TINY_SHAPE
+from conftest import CPU_PROFILE, TINY_SHAPE
 
 pytest.importorskip("deepspeed", reason="deepspeed is not installed: pip install 'perfsuite[deepspeed]'")
 
@@ -25,7 +25,7 @@ def test_relations(perf, relation):
 @pytest.mark.parametrize(("stage", "outcome"), [(2, {"passed": 1}), (0, {"failed": 1})])
 def test_unsharded_zero2_fails_its_relation(pytester: pytest.Pytester, stage: int, outcome: dict[str, int]) -> None:
     pytester.makepyfile(test_bench=MODULE.replace("STAGE", str(stage)))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", CPU_PROFILE)
     result.assert_outcomes(**outcome)
     if stage == 0:
         result.stdout.fnmatch_lines(["*zero2_amp<ddp_amp: violated: zero2_amp*is NOT less than ddp_amp's*"])
