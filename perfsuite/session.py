@@ -225,9 +225,9 @@ class PerfSession:
             launch_info=self.launch_info(measurement),
         )
         result.extra_metrics.update(self.extra_metrics(result))
-        # A run that mostly skipped its updates trained too little to stand as a baseline.
-        mostly_skipped = measurement.metrics is not None and bool(too_many_skipped(measurement.metrics))
-        recordable = measurement.status in ("ok", "oom") and not mostly_skipped
+        # A throttled run, or one that mostly skipped its updates, must not become the baseline.
+        distrusted = measurement.metrics is not None and bool(untrustworthy(measurement.metrics))
+        recordable = measurement.status in ("ok", "oom") and not distrusted
         if (self.settings.update_baselines or self.settings.calibrate) and recordable:
             result.judgement = self._record(scenario, result)
         return result
@@ -299,9 +299,9 @@ class PerfSession:
         decided = judge_outcome(outcome.status, expected, baseline)
         if (decided is not None and decided.verdict != "no_baseline") or metrics is None:
             return decided or Judgement("error", "no metrics")
-        skipped = too_many_skipped(metrics)
-        if skipped:
-            return Judgement("unreliable", skipped)
+        distrust = untrustworthy(metrics)
+        if distrust:
+            return Judgement("unreliable", distrust)
         if decided is not None or baseline is None:
             return decided or Judgement("no_baseline", "no baseline recorded")
         changes = tuple(stack_changes(dict(baseline.fingerprint), self.current_fingerprint()))
@@ -358,6 +358,27 @@ class PerfSession:
             return RelationOutcome(relation, "skipped", f"holds on {where} profiles only, this is {self.profile.name}")
         left, right = self.run(relation.left), self.run(relation.right)
         return evaluate(relation, left, right, left.scenario.world_size)
+
+
+def untrustworthy(metrics: ScenarioMetrics) -> str:
+    """Why this measurement cannot be judged at all ("" if it can)."""
+    return throttled(metrics) or too_many_skipped(metrics)
+
+
+def throttled(metrics: ScenarioMetrics) -> str:
+    """GPU clock events that slow the card (power cap, thermal, hardware
+    slowdown; not sync boost) seen by NVML during the measured steps."""
+    hits = [
+        f"rank {h['rank']}: {', '.join(r for r in h['throttle_reasons'] if r != 'sync_boost')}"
+        for h in metrics.health
+        if h.get("throttled")
+    ]
+    if not hits:
+        return ""
+    return (
+        f"GPU throttled during the measured steps ({'; '.join(hits)}): the timings measure the card's "
+        "clocks, not the stack; check cooling, power limits and other jobs (not recorded as a baseline)"
+    )
 
 
 def too_many_skipped(metrics: ScenarioMetrics) -> str:

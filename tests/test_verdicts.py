@@ -31,10 +31,12 @@ class FakeLauncher(Launcher):
         launches: Sequence[Sequence[float]],
         peaks: tuple[float, float] = (100.0, 100.0),
         skipped: tuple[int, ...] = (),
+        health: dict[str, object] | None = None,
     ) -> None:
         self.launches: Iterator[Sequence[float]] = iter(launches)
         self.peaks = peaks
         self.skipped = skipped
+        self.health = health or {}
         self.count = 0
 
     def run(self, job: WorkerJob) -> LaunchOutcome:
@@ -48,6 +50,7 @@ class FakeLauncher(Launcher):
                 step_times_s=tuple(times),
                 steady_state_start=2,
                 skipped_steps=self.skipped,
+                health=self.health,
                 runtime={"torch": "2.13.0"},
                 model_state=state,
                 metrics={

@@ -10,13 +10,12 @@ this run's ranks. Nothing here changes any setting.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 import psutil
 import torch
 
-from perfsuite.worker.runtime import physical_gpu_index
+from perfsuite.worker.nvml import NvmlDevice
 
 # NVML clock-event reasons that mean "slower than the card can go" (the idle
 # and application-clock-setting bits are left out: they are not throttling).
@@ -53,10 +52,11 @@ class HealthTracker:
 
     def finish(self) -> dict[str, Any]:
         summary: dict[str, Any] = {"samples": len(self.samples), "throttle_reasons": sorted(self.reasons)}
-        for key in self.samples[0] if self.samples else {}:
-            values = [s[key] for s in self.samples]
+        for key in sorted({k for sample in self.samples for k in sample}):
+            values = [s[key] for s in self.samples if key in s]
             summary[key] = {"min": min(values), "max": max(values), "mean": sum(values) / len(values)}
-        summary["throttled"] = bool(self.reasons)
+        # Sync boost only aligns clocks across GPUs of one group; the others slow the card.
+        summary["throttled"] = bool(self.reasons - {"sync_boost"})
         return summary
 
     @staticmethod
@@ -72,27 +72,29 @@ class CpuHealthTracker(HealthTracker):
 
 class CudaHealthTracker(HealthTracker):
     def __enter__(self) -> CudaHealthTracker:
-        import pynvml
-
-        pynvml.nvmlInit()
-        self.nvml = pynvml
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(physical_gpu_index(self.device.index or 0))
+        self.gpu = NvmlDevice(self.device)
         return self
 
     def read(self) -> dict[str, float]:
-        nvml, handle = self.nvml, self.handle
-        reasons_fn: Callable[[Any], int] = getattr(
-            nvml, "nvmlDeviceGetCurrentClocksEventReasons", nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        )
-        bits = reasons_fn(handle)
-        self.reasons |= {name for name, bit in THROTTLE_REASONS.items() if bits & bit}
-        return {
-            "sm_clock_mhz": float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
-            "power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000,
-            "temperature_c": float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+        gpu, nvml = self.gpu, self.gpu.nvml
+        bits = gpu.clock_event_reasons()
+        if bits is not None:
+            self.reasons |= {name for name, bit in THROTTLE_REASONS.items() if bits & bit}
+        readings = {
+            "sm_clock_mhz": gpu.call(
+                "SM clock", lambda: float(nvml.nvmlDeviceGetClockInfo(gpu.handle, nvml.NVML_CLOCK_SM))
+            ),
+            "power_w": gpu.call("power", lambda: nvml.nvmlDeviceGetPowerUsage(gpu.handle) / 1000),
+            "temperature_c": gpu.call(
+                "temperature", lambda: float(nvml.nvmlDeviceGetTemperature(gpu.handle, nvml.NVML_TEMPERATURE_GPU))
+            ),
         }
+        return {key: value for key, value in readings.items() if value is not None}
 
     def finish(self) -> dict[str, Any]:
         summary = super().finish()
-        self.nvml.nvmlShutdown()
+        self.gpu.shutdown()
+        summary["nvml_mapped_by"] = self.gpu.mapped_by
+        if self.gpu.error:
+            summary["nvml_error"] = self.gpu.error
         return summary

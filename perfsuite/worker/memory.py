@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from perfsuite.worker.runtime import physical_gpu_index
+from perfsuite.worker.nvml import NvmlDevice
 
 MIB = 2**20
 
@@ -81,37 +81,34 @@ def peak_rss_mib() -> float:
 
 
 class CudaMemoryTracker(MemoryTracker):
-    """Allocator peaks plus the peak NVML-visible device memory of this process."""
+    """Allocator peaks plus the peak device memory NVML sees for this process
+    (or, where NVML cannot see the process, for the whole device)."""
 
     def __enter__(self) -> CudaMemoryTracker:
-        import pynvml
-
         # Peaks from here on: the training steps, not building and wrapping the
         # model (every rank builds the full model before a strategy shards it).
         torch.cuda.reset_peak_memory_stats(self.device)
-        pynvml.nvmlInit()
-        index = self.device.index if self.device.index is not None else 0
-        self._nvml = pynvml
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(physical_gpu_index(index))
+        self._gpu = NvmlDevice(self.device)
         self._nvml_peak = 0
+        self._nvml_scope = ""
         return self
 
     def sample(self) -> None:
-        pid = os.getpid()
-        for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
-            if proc.pid == pid and proc.usedGpuMemory is not None:
-                self._nvml_peak = max(self._nvml_peak, proc.usedGpuMemory)
+        found = self._gpu.process_memory()
+        if found is not None:
+            self._nvml_peak = max(self._nvml_peak, found[0])
+            self._nvml_scope = found[1]
 
     def finish(self) -> MemoryResult:
         self.sample()
-        self._nvml.nvmlShutdown()
+        self._gpu.shutdown()
         allocated = torch.cuda.max_memory_allocated(self.device) / MIB
         reserved = torch.cuda.max_memory_reserved(self.device) / MIB
-        return MemoryResult(
-            allocated,
-            {
-                "max_allocated_mib": allocated,
-                "max_reserved_mib": reserved,
-                "nvml_process_peak_mib": self._nvml_peak / MIB,
-            },
-        )
+        detail: dict[str, Any] = {"max_allocated_mib": allocated, "max_reserved_mib": reserved}
+        if self._nvml_scope:
+            # "device" where NVML's PIDs (host PIDs) do not include ours, as in containers.
+            detail["nvml_peak_mib"] = self._nvml_peak / MIB
+            detail["nvml_scope"] = self._nvml_scope
+        if self._gpu.error:
+            detail["nvml_error"] = self._gpu.error
+        return MemoryResult(allocated, detail)
