@@ -46,10 +46,8 @@ def _nvml_gpus() -> tuple[list[dict[str, Any]], dict[str, str]]:
     except pynvml.NVMLError:
         return [], {}
     try:
-        visible = _visible_indices(pynvml.nvmlDeviceGetCount())
         gpus = []
-        for index in visible:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        for index, handle in visible_devices(pynvml):
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             gpus.append(
                 {
@@ -68,16 +66,27 @@ def _nvml_gpus() -> tuple[list[dict[str, Any]], dict[str, str]]:
         pynvml.nvmlShutdown()
 
 
-def _visible_indices(count: int) -> list[int]:
-    # Respect CUDA_VISIBLE_DEVICES given as indices, the way CI runners pin GPUs;
-    # UUID lists are rare on runners and fall back to all devices.
+def visible_devices(nvml: Any) -> list[tuple[int | str, Any]]:
+    """(label, NVML handle) of each device CUDA_VISIBLE_DEVICES leaves visible,
+    in CUDA's order: indices (``0,2``) or UUIDs (``GPU-...``, ``MIG-...``, as
+    schedulers and MIG set them). CUDA stops at the first entry it cannot use,
+    and so does this."""
     spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = nvml.nvmlDeviceGetCount()
     if spec is None:
-        return list(range(count))
-    parts = [p.strip() for p in spec.split(",") if p.strip()]
-    if all(p.isdigit() for p in parts):
-        return [int(p) for p in parts if int(p) < count]
-    return list(range(count))
+        return [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+    found: list[tuple[int | str, Any]] = []
+    for part in (p.strip() for p in spec.split(",")):
+        try:
+            if part.isdigit() and int(part) < count:
+                found.append((int(part), nvml.nvmlDeviceGetHandleByIndex(int(part))))
+            elif part.startswith(("GPU-", "MIG-")):
+                found.append((part, nvml.nvmlDeviceGetHandleByUUID(part)))
+            else:
+                break
+        except nvml.NVMLError:
+            break
+    return found
 
 
 def _text(value: str | bytes) -> str:
@@ -135,8 +144,7 @@ def foreign_gpu_processes() -> list[dict[str, Any]]:
         return []
     try:
         found = []
-        for index in _visible_indices(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        for index, handle in visible_devices(pynvml):
             for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
                 if proc.pid != os.getpid():
                     mib = (proc.usedGpuMemory or 0) // 2**20

@@ -94,3 +94,23 @@ def test_a_throttled_run_is_unreliable_and_not_recorded(tmp_path: Path) -> None:
         "GPU throttled during the measured steps (rank 0: hw_thermal; rank 1: hw_thermal)" in result.judgement.message
     )
     assert not (tmp_path / "b" / "cpu" / "g.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        (None, [0, 1]),
+        ("1", [1]),
+        ("GPU-00000000-0000-0000-0000-000000000001", ["GPU-00000000-0000-0000-0000-000000000001"]),
+        ("0,GPU-unknown,1", [0]),  # CUDA stops at the first entry it cannot use
+    ],
+)
+def test_the_fingerprint_sees_the_gpus_cuda_visible_devices_leaves(
+    monkeypatch: pytest.MonkeyPatch, visible: str | None, expected: list[object]
+) -> None:
+    from perfsuite.fingerprint import machine_fingerprint
+
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    fingerprint = machine_fingerprint()
+    assert [g["index"] for g in fingerprint["gpus"]] == expected and fingerprint["gpu_count"] == len(expected)
