@@ -1,4 +1,8 @@
-"""Command line: ``python -m perfsuite calibrate|selftest``.
+"""Command line: ``python -m perfsuite calibrate|selftest|doctor``.
+
+``doctor`` says whether this machine can run the suite: fingerprint and
+profile, which engines import and pass a 2-step smoke run, which scenarios
+would run or skip here and why (see :mod:`perfsuite.doctor`).
 
 ``selftest`` proves the gate on this runner: it runs the selected scenarios
 against their committed baselines ``--trials`` times at each planted slowdown
@@ -31,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("-k", dest="keyword", required=True, help="pytest -k expression (one scenario is best)")
     selftest.add_argument("--levels", default="0,25,50,100", help="slowdowns in %% (default 0,25,50,100)")
     selftest.add_argument("--trials", type=int, default=10, help="runs per level (default 10)")
+    doctor = commands.add_parser("doctor", help="check this machine: engines, scenarios that would run, smoke runs")
+    doctor.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
+    doctor.add_argument("-k", dest="keyword", help="pytest -k expression selecting scenarios")
+    doctor.add_argument("--engines", help="comma-separated engines to check (default: all)")
+    doctor.add_argument("--no-smoke", action="store_true", help="skip the smoke runs (import checks only)")
     return parser
 
 
@@ -76,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     ns, extra = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
     if ns.command == "selftest":
         return selftest(ns, extra)
+    if ns.command == "doctor":
+        from perfsuite.doctor import run
+
+        engines = ns.engines.split(",") if ns.engines else None
+        return run(ns.paths, ns.keyword, engines, run_smoke=not ns.no_smoke)
     import pytest
 
     return int(pytest.main(calibrate_args(ns, extra)))

@@ -28,7 +28,7 @@ from perfsuite.compare import (
 )
 from perfsuite.fingerprint import stack_changes
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
-from perfsuite.launch.torchrun import TopologyError
+from perfsuite.launch.torchrun import Topology, TopologyError
 from perfsuite.profiles import HardwareProfile
 from perfsuite.protocol import RankJob
 from perfsuite.relations import Relation, RelationOutcome, evaluate
@@ -233,30 +233,7 @@ class PerfSession:
         return result
 
     def _precondition(self, scenario: BaseScenario) -> str:
-        """Why this scenario cannot run here, or "" if it can."""
-        topology = getattr(self.launcher, "topology", None)
-        keys = self.profile.variant_keys
-        if scenario.only_on and not set(scenario.only_on) & set(keys):
-            return f"runs on {', '.join(scenario.only_on)} profiles only; this is {self.profile.name}"
-        reason = scenario.precondition(self.profile.device)
-        if reason:
-            return reason
-        if self.profile.max_world_size and scenario.world_size > self.profile.max_world_size:
-            return (
-                f"needs {scenario.world_size} ranks; profile {self.profile.name} runs at most "
-                f"{self.profile.max_world_size} (one machine's cores)"
-            )
-        if self.profile.device == "cuda":
-            nodes = topology.nnodes if topology else 1
-            gpus = self.fingerprint.get("gpu_count", 0) * nodes
-            if scenario.world_size > gpus:
-                return f"needs {scenario.world_size} GPUs, {nodes} node(s) here have {gpus}"
-        if topology is not None:
-            try:
-                topology.ranks_per_node(scenario.world_size)
-            except TopologyError as exc:
-                return str(exc)
-        return ""
+        return launch_precondition(scenario, self.profile, self.fingerprint, getattr(self.launcher, "topology", None))
 
     def _measure(self, scenario: BaseScenario) -> Measurement:
         launches: list[LaunchOutcome] = []
@@ -358,6 +335,34 @@ class PerfSession:
             return RelationOutcome(relation, "skipped", f"holds on {where} profiles only, this is {self.profile.name}")
         left, right = self.run(relation.left), self.run(relation.right)
         return evaluate(relation, left, right, left.scenario.world_size)
+
+
+def launch_precondition(
+    scenario: BaseScenario, profile: HardwareProfile, fingerprint: Mapping[str, Any], topology: Topology | None
+) -> str:
+    """Why ``scenario`` (resolved for ``profile``) cannot run here, or "" if it can."""
+    keys = profile.variant_keys
+    if scenario.only_on and not set(scenario.only_on) & set(keys):
+        return f"runs on {', '.join(scenario.only_on)} profiles only; this is {profile.name}"
+    reason = scenario.precondition(profile.device)
+    if reason:
+        return reason
+    if profile.max_world_size and scenario.world_size > profile.max_world_size:
+        return (
+            f"needs {scenario.world_size} ranks; profile {profile.name} runs at most "
+            f"{profile.max_world_size} (one machine's cores)"
+        )
+    if profile.device == "cuda":
+        nodes = topology.nnodes if topology else 1
+        gpus = fingerprint.get("gpu_count", 0) * nodes
+        if scenario.world_size > gpus:
+            return f"needs {scenario.world_size} GPUs, {nodes} node(s) here have {gpus}"
+    if topology is not None:
+        try:
+            topology.ranks_per_node(scenario.world_size)
+        except TopologyError as exc:
+            return str(exc)
+    return ""
 
 
 def untrustworthy(metrics: ScenarioMetrics) -> str:

@@ -119,6 +119,8 @@ class EngineSpec:
     """Modules it imports; one that cannot be found skips its scenarios before launch."""
     packages: tuple[str, ...] = ()
     """Distributions whose versions the fingerprint tracks for stack-change reports."""
+    smoke_options: Mapping[str, Any] = field(default_factory=dict)
+    """``strategy_options`` of ``perfsuite doctor``'s smoke run (required options need values)."""
     description: str = ""
 
     def __post_init__(self) -> None:

@@ -104,6 +104,7 @@ for spec in (
         extra="deepspeed",
         requires=("deepspeed",),
         packages=("deepspeed",),
+        smoke_options={"stage": 2},
         description="DeepSpeed ZeRO stages 0-3 through deepspeed.initialize",
     ),
     EngineSpec(

@@ -1,0 +1,63 @@
+"""``python -m perfsuite doctor`` on the cpu profile (issue: GPU runners for real)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfsuite import doctor
+from perfsuite.engines import EngineSpec
+from perfsuite.profiles import CPU
+
+BENCH = str(Path(__file__).parents[1] / "bench_tests")
+
+
+def test_doctor_reports_engines_and_scenarios_without_smoke_runs(pytester: pytest.Pytester) -> None:
+    result = pytester.run(sys.executable, "-m", "perfsuite", "doctor", BENCH, "--no-smoke")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "profile: cpu (device cpu)",
+            "engines (import check):",
+            "  ddp * imports",
+            "  fairscale_fsdp * skip: fairscale FSDP needs CUDA*",
+            "  megatron_core * skip: megatron-core's tensor/pipeline-parallel layers*",
+            f"scenarios in {BENCH}: * would run, * skip",
+            "  mixed_precision.amp * run",
+            "  parallel_3d.tp4_pp4 * skip: needs 16 ranks; profile cpu runs at most 4*",
+            "result: OK",
+        ]
+    )
+
+
+def test_doctor_smoke_runs_an_engine_through_torchrun(pytester: pytest.Pytester) -> None:
+    result = pytester.run(sys.executable, "-m", "perfsuite", "doctor", BENCH, "--engines", "ddp", "-k", "mixed")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["  ddp * imports; smoke ok (*s)", "result: OK"])
+
+
+FAULTS = """
+from perfsuite.strategies.ddp import DDPStrategy
+
+class Broken(DDPStrategy):
+    def setup(self, model):
+        raise RuntimeError("engine broke during setup")
+"""
+
+
+def test_an_engine_that_should_work_but_does_not_fails_the_doctor(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(broken_engine=FAULTS)
+    monkeypatch.syspath_prepend(str(pytester.path))
+    monkeypatch.setenv("PYTHONPATH", str(pytester.path))
+    broken = EngineSpec("broken_engine:Broken", "broken_engine:Broken")  # a user engine named by its path
+    monkeypatch.setattr(doctor, "ENGINES", [broken])
+    (check,) = doctor.check_engines(CPU, gpus=0, names=None, run_smoke=True)
+    assert check.broken and check.smoke.startswith("crash: rank 0 during wrap: RuntimeError: engine broke")
+    missing = EngineSpec("missing", "no_such_module_anywhere:Strategy")
+    monkeypatch.setattr(doctor, "ENGINES", [missing])
+    (check,) = doctor.check_engines(CPU, gpus=0, names=None, run_smoke=True)
+    assert check.broken and "ModuleNotFoundError" in check.import_error and check.smoke == ""
