@@ -33,8 +33,14 @@ CPU_SHAPE = dict(model=GPT_CPU, world_size=2, micro_batch=32, global_batch=64, s
 AMP = dict(precision="fp16", variants={"cpu": {**CPU_SHAPE, "precision": "bf16"}})
 
 
+# Sharding needs at least 2 ranks; plain DDP means something on one GPU too
+# (the single-GPU GPT-1.3B AMP run). Fewer GPUs keep one sequence per rank.
+SHARDED_SIZES = (2,)
+DDP_SIZES = (2, 1)
+
+
 def row(name: str, strategy: str, reference: str, **extra) -> Scenario:
-    fields = {**SEED_SHAPE, **AMP, **extra}
+    fields = {**SEED_SHAPE, **AMP, "world_sizes": SHARDED_SIZES, **extra}
     return Scenario("model_state_sharding", name, GPT_1_3B, strategy=strategy, reference=reference, **fields)
 
 
@@ -45,8 +51,9 @@ DDP_FP32 = row(
     precision="fp32",
     variants={"cpu": CPU_SHAPE},
     expect={"cpu": "oom", "cuda-32gb": "oom"},
+    world_sizes=DDP_SIZES,
 )
-DDP_AMP = row("ddp_amp", "ddp", "A2 mixed precision: 9.57 +/- 0.26 samples/s, 25061 MB")
+DDP_AMP = row("ddp_amp", "ddp", "A2 mixed precision: 9.57 +/- 0.26 samples/s, 25061 MB", world_sizes=DDP_SIZES)
 OSS = row("fairscale_oss_amp", "fairscale_oss", "A2 + fairscale OSS: 6.02 +/- 0.06, 22077 MB")
 SDP = row("fairscale_sdp_amp", "fairscale_sdp", "A2 + OSS + ShardedDDP: 7.01 +/- 0.07, 17113 MB")
 FAIRSCALE_FSDP = row("fairscale_fsdp_amp", "fairscale_fsdp", "A2 + fairscale FSDP: did not run in the seed")

@@ -62,6 +62,8 @@ def row(
         strategy=strategy,
         strategy_options=options,
         world_size=seed_world,
+        # Fewer GPUs: fewer data-parallel replicas of the same tp x pp grid.
+        world_sizes=tuple(n for n in (2, 1) if n < seed_world and n % (tp * pp) == 0),
         micro_batch=1,
         global_batch=MICROBATCHES * seed_dp,
         seq_len=1024,

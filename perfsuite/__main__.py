@@ -19,8 +19,11 @@ profile and any further pytest arguments.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,32 +56,39 @@ def calibrate_args(ns: argparse.Namespace, extra: list[str]) -> list[str]:
 
 
 def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
-    """Each trial is a fresh pytest process, as a CI job would be."""
+    """Each trial is a fresh pytest process, as a CI job would be. A trial's
+    outcome is read from its results file, so a scenario that did not run
+    (skipped here) stops the self-test instead of counting as "not caught"."""
     levels = [float(x) for x in ns.levels.split(",")]
-    for level in levels:
-        caught = 0
-        for _ in range(ns.trials):
-            cmd = [
-                sys.executable,
-                "-m",
-                "pytest",
-                *ns.paths,
-                "-k",
-                ns.keyword,
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                f"--perf-inject-slowdown={level}",
-                *extra,
-            ]
-            code = subprocess.run(cmd, capture_output=True, check=False).returncode
-            if code not in (0, 1):
-                raise SystemExit(f"perfsuite selftest: pytest exited {code} (not pass/fail): {' '.join(cmd)}")
-            caught += code == 1
-        print(
-            f"slowdown {level:5.0f}%  throughput -{level / (100 + level):.0%}  failed {caught}/{ns.trials}", flush=True
-        )
+    with tempfile.TemporaryDirectory(prefix="perfsuite-selftest-") as tmp:
+        out = Path(tmp) / "results.json"
+        for level in levels:
+            caught = unreliable = 0
+            for _ in range(ns.trials):
+                cmd = [sys.executable, "-m", "pytest", *ns.paths, "-k", ns.keyword, "-q", "-p", "no:cacheprovider",
+                       f"--perf-inject-slowdown={level}", f"--perf-json={out}", *extra]  # fmt: skip
+                code = subprocess.run(cmd, capture_output=True, check=False).returncode
+                verdicts = trial_verdicts(out, cmd, code)
+                caught += "regression" in verdicts
+                unreliable += "unreliable" in verdicts
+            note = f", unreliable {unreliable}" if unreliable else ""
+            print(
+                f"slowdown {level:5.0f}%  throughput -{level / (100 + level):.0%}  failed {caught}/{ns.trials}{note}",
+                flush=True,
+            )
     return 0
+
+
+def trial_verdicts(path: Path, cmd: list[str], code: int) -> list[str]:
+    """Verdicts of the scenarios one trial measured; refuses a trial that measured nothing."""
+    if code not in (0, 1) or not path.exists():
+        raise SystemExit(f"perfsuite selftest: pytest exited {code} (not pass/fail): {' '.join(cmd)}")
+    results = json.loads(path.read_text())["results"]
+    measured = [r for r in results if r["status"] == "ok"]
+    if not measured:
+        why = "; ".join(f"{r['id']}: {r['verdict']}: {r['message']}" for r in results) or "no scenario selected"
+        raise SystemExit(f"perfsuite selftest: nothing was measured, so there is no gate to test ({why})")
+    return [r["verdict"] for r in measured]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from perfsuite.launch.torchrun import LocalTorchrun
 from perfsuite.models import ModelSpec
 from perfsuite.profiles import HardwareProfile, ProfileRegistry, profile_for
 from perfsuite.protocol import RankJob
-from perfsuite.session import launch_precondition
+from perfsuite.session import fit_to_hardware, launch_precondition
 from perfsuite.workloads import BaseScenario, Precision, Scenario, ScenarioError
 
 SMOKE_TIMEOUT_S = 180.0
@@ -183,13 +183,12 @@ def run(paths: Sequence[str], keyword: str | None, engine_names: Sequence[str] |
     print(f"  ({time.monotonic() - start:.0f} s)")
 
     scenarios, errors = collect(paths, keyword)
-    reasons = {
-        s.id: launch_precondition(s.resolve(profile.variant_keys), profile, fingerprint, None) for s in scenarios
-    }
-    runs = sum(1 for r in reasons.values() if not r)
+    fitted = [fit_to_hardware(s.resolve(profile.variant_keys), profile, fingerprint, None) for s in scenarios]
+    reasons = {s.id: (s, launch_precondition(s, profile, fingerprint, None)) for s in fitted}
+    runs = sum(1 for _, reason in reasons.values() if not reason)
     print(f"\nscenarios in {' '.join(paths)}: {runs} would run, {len(scenarios) - runs} skip")
-    for scenario_id, reason in reasons.items():
-        print(f"  {scenario_id:<44} {'run' if not reason else 'skip: ' + reason}")
+    for scenario_id, (scenario, reason) in reasons.items():
+        print(f"  {scenario_id:<44} {f'run on {scenario.world_size} rank(s)' if not reason else 'skip: ' + reason}")
 
     broken = [c for c in checks if c.broken]
     problems = [f"engine {c.name}: {c.import_error or c.smoke}" for c in broken]

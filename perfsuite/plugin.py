@@ -362,12 +362,32 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("-", "perfsuite relations")
         for line in relation_lines(session.relations.values()):
             terminalreporter.write_line(line)
+    why = nothing_measured(session)
+    if why:
+        terminalreporter.write_sep("!", "perfsuite: nothing was measured", red=True)
+        terminalreporter.write_line(why)
 
 
+def nothing_measured(perf: PerfSession) -> str:
+    """Why a session whose scenarios all skipped proves nothing ("" if something was measured)."""
+    results = list(perf.results.values())
+    if not results or any(r.status in ("ok", "oom") for r in results):
+        return ""
+    shown = "; ".join(f"{r.scenario.id}: {r.judgement.message}" for r in results[:3])
+    more = f" (and {len(results) - 3} more)" if len(results) > 3 else ""
+    return (
+        f"all {len(results)} scenario(s) skipped without measuring, so this run proves nothing and exits "
+        f"non-zero: {shown}{more}. `python -m perfsuite doctor` shows what can run here."
+    )
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     path = config.getoption("--perf-json")
     perf = config.stash.get(SESSION_KEY, None)
+    if perf is not None and nothing_measured(perf) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if not path:
         return
     fingerprint = perf.current_fingerprint() if perf else _fingerprint(config)

@@ -196,6 +196,7 @@ class PerfSession:
         return self.results[scenario.id]
 
     def _run(self, scenario: BaseScenario) -> ScenarioResult:
+        scenario = fit_to_hardware(scenario, self.profile, self.fingerprint, getattr(self.launcher, "topology", None))
         baseline = self.store.get(scenario.group, scenario.id)
         skip = self._precondition(scenario)
         if skip:
@@ -337,6 +338,17 @@ class PerfSession:
         return evaluate(relation, left, right, left.scenario.world_size)
 
 
+def fit_to_hardware(
+    scenario: BaseScenario, profile: HardwareProfile, fingerprint: Mapping[str, Any], topology: Topology | None
+) -> BaseScenario:
+    """On a GPU profile, the scenario at a world size this machine's GPUs hold
+    (all nodes' under a multi-node launcher); elsewhere unchanged."""
+    if profile.device != "cuda":
+        return scenario
+    nodes = topology.nnodes if topology else 1
+    return scenario.fit(int(fingerprint.get("gpu_count", 0)) * nodes)
+
+
 def launch_precondition(
     scenario: BaseScenario, profile: HardwareProfile, fingerprint: Mapping[str, Any], topology: Topology | None
 ) -> str:
@@ -356,7 +368,13 @@ def launch_precondition(
         nodes = topology.nnodes if topology else 1
         gpus = fingerprint.get("gpu_count", 0) * nodes
         if scenario.world_size > gpus:
-            return f"needs {scenario.world_size} GPUs, {nodes} node(s) here have {gpus}"
+            sizes = sorted({scenario.world_size, *scenario.world_sizes})
+            need = (
+                f"at least {sizes[0]} GPUs (runs on {', '.join(map(str, sizes))})"
+                if len(sizes) > 1
+                else f"{sizes[0]} GPUs"
+            )
+            return f"needs {need}, {nodes} node(s) here have {gpus}"
     if topology is not None:
         try:
             topology.ranks_per_node(scenario.world_size)

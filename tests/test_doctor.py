@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import FAKE_NVML
 
 from perfsuite import doctor
 from perfsuite.engines import EngineSpec
@@ -25,7 +26,7 @@ def test_doctor_reports_engines_and_scenarios_without_smoke_runs(pytester: pytes
             "  fairscale_fsdp * skip: fairscale FSDP needs CUDA*",
             "  megatron_core * skip: megatron-core's tensor/pipeline-parallel layers*",
             f"scenarios in {BENCH}: * would run, * skip",
-            "  mixed_precision.amp * run",
+            "  mixed_precision.amp * run on 2 rank(s)",
             "  parallel_3d.tp4_pp4 * skip: needs 16 ranks; profile cpu runs at most 4*",
             "result: OK",
         ]
@@ -61,3 +62,29 @@ def test_an_engine_that_should_work_but_does_not_fails_the_doctor(
     monkeypatch.setattr(doctor, "ENGINES", [missing])
     (check,) = doctor.check_engines(CPU, gpus=0, names=None, run_smoke=True)
     assert check.broken and "ModuleNotFoundError" in check.import_error and check.smoke == ""
+
+
+@pytest.mark.parametrize(
+    ("gpus", "lines"),
+    [
+        (1, ["profile: nvidia-h100-80gb-hbm3-x1 (device cuda)",
+             "scenarios in *: 5 would run, 23 skip",
+             "  mixed_precision.amp * run on 1 rank(s)",
+             "  model_state_sharding.ddp_amp * run on 1 rank(s)",
+             "  model_state_sharding.zero2_amp * skip: needs at least 2 GPUs (runs on 2, 4), 1 node(s) here have 1",
+             "  parallel_3d.tp1_pp1 * run on 1 rank(s)",
+             "  parallel_3d.tp2_pp2 * skip: needs 4 GPUs, 1 node(s) here have 1"]),
+        (8, ["profile: nvidia-h100-80gb-hbm3-x8 (device cuda)",
+             "  mixed_precision.amp * run on 4 rank(s)",
+             "  model_state_sharding.fairscale_fsdp_amp * run on 4 rank(s)",
+             "  parallel_3d.tp4_pp4 * skip: needs 16 GPUs, 1 node(s) here have 8"]),
+    ],
+)  # fmt: skip
+def test_the_gpus_present_decide_what_runs_and_at_which_size(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, gpus: int, lines: list[str]
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(FAKE_NVML))
+    monkeypatch.setenv("FAKE_NVML_GPUS", ";".join(["NVIDIA H100 80GB HBM3"] * gpus))
+    result = pytester.run(sys.executable, "-m", "perfsuite", "doctor", BENCH, "--no-smoke")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(lines)

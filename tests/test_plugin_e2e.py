@@ -244,8 +244,42 @@ def test_gpu_fingerprint_picks_the_gpu_profile_and_the_cpu_pin_still_runs(
     out = project.path / "r.json"
     detected = project.runpytest_subprocess("-p", "no:cacheprovider", "-rA", f"--perf-json={out}")
     detected.assert_outcomes(skipped=1)
+    assert detected.ret == pytest.ExitCode.TESTS_FAILED  # nothing could be measured on that one GPU
     doc = json.loads(out.read_text())
     assert doc["profile"] == "nvidia-h100-80gb-hbm3-x1" and doc["machine"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
     assert doc["results"][0]["message"] == "needs 2 GPUs, 1 node(s) here have 1"
     run(project, "--perf-update-baselines").assert_outcomes(passed=1)
     assert baseline_path(project).exists()
+
+
+CUDA_ONLY = f'Scenario("tiny", "fsdp", TINY, {TINY_SHAPE}, strategy="fairscale_fsdp"),'
+
+
+def test_a_run_that_measured_nothing_is_not_green(project: pytest.Pytester) -> None:
+    project.makepyfile(test_bench=bench_module(CUDA_ONLY))
+    result = run(project)
+    result.assert_outcomes(skipped=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "*perfsuite: nothing was measured*",
+            "all 1 scenario(s) skipped without measuring*tiny.fsdp: fairscale FSDP needs CUDA*",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (["selftest", "-k", "fsdp", "--levels", "0", "--trials", "1"],
+         "*perfsuite selftest: nothing was measured, so there is no gate to test (tiny.fsdp: skipped: fairscale FSDP needs CUDA*"),
+        (["calibrate", "--repeats", "2"], "*all 1 scenario(s) skipped without measuring*"),
+    ],
+)  # fmt: skip
+def test_selftest_and_calibrate_refuse_scenarios_that_did_not_run(
+    project: pytest.Pytester, command: list[str], message: str
+) -> None:
+    project.makepyfile(test_bench=bench_module(CUDA_ONLY))
+    result = project.run(sys.executable, "-m", "perfsuite", command[0], "test_bench.py", *command[1:], CPU_PROFILE)
+    assert result.ret == 1, result.stdout.str()
+    (result.stderr if command[0] == "selftest" else result.stdout).fnmatch_lines([message])

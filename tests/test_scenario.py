@@ -143,3 +143,28 @@ def test_bubble_fraction_formulas() -> None:
     assert ParallelLayout(
         dp=1, pp=4, microbatches=8, schedule="interleaved_1f1b", virtual_stages=2
     ).bubble_fraction() == pytest.approx(3 / 19)
+
+
+def test_world_sizes_keep_the_work_per_rank_and_fit_the_hardware() -> None:
+    scenario = make(world_size=4, world_sizes=(2, 1), micro_batch=2, global_batch=16)
+    assert (scenario.fit(8).world_size, scenario.fit(4).world_size) == (4, 4)
+    two, one = scenario.fit(3), scenario.fit(1)
+    assert (two.world_size, two.global_batch, two.grad_accum) == (2, 8, 2)
+    assert (one.world_size, one.global_batch, one.grad_accum) == (1, 4, 2)
+    assert one.id == scenario.id and scenario.fit(0) is scenario
+
+
+def test_a_world_size_the_layout_cannot_take_is_refused() -> None:
+    with pytest.raises(ScenarioError, match=r"field 'world_sizes'.*2 is not a multiple of tp x pp = 4"):
+        Scenario(
+            "g",
+            "n",
+            GPT,
+            strategy="tp_pp",
+            strategy_options={"tp": 2, "pp": 2, "microbatches": 2},
+            world_size=4,
+            world_sizes=(2,),
+            micro_batch=1,
+            global_batch=2,
+            seq_len=16,
+        )

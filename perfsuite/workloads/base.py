@@ -55,7 +55,12 @@ class BaseScenario:
     """Second half of the id."""
     _: KW_ONLY
     world_size: int = 1
-    """Ranks (GPUs on GPU profiles)."""
+    """Ranks (GPUs on GPU profiles) of the seed experiment."""
+    world_sizes: tuple[int, ...] = ()
+    """Other world sizes at which this scenario means the same experiment
+    (mixed precision on one card; sharding from 2 ranks). A GPU profile runs
+    ``world_size`` if its GPUs hold it, else the largest of these that fits,
+    keeping the work per rank (:meth:`at_world_size`)."""
     warmup_steps: int = 3
     """Minimum warmup; more run until step times settle."""
     max_warmup_steps: int | None = None
@@ -100,6 +105,14 @@ class BaseScenario:
                 raise fail(owner, name, "must be lowercase letters, digits, '_' or '-'")
         for name in ("world_size", "steps"):
             check_int(owner, name, getattr(self, name), 1)
+        if not isinstance(self.world_sizes, tuple):
+            raise fail(owner, "world_sizes", f"must be a tuple of ints, got {self.world_sizes!r}")
+        for size in self.world_sizes:
+            check_int(owner, "world_sizes", size, 1)
+            try:
+                self.at_world_size(size)
+            except ScenarioError as exc:
+                raise ScenarioError(f"{exc} (at world size {size} of world_sizes)") from None
         check_int(owner, "warmup_steps", self.warmup_steps, 0)
         if self.max_warmup_steps is not None:
             check_int(owner, "max_warmup_steps", self.max_warmup_steps, self.warmup_steps)
@@ -125,6 +138,18 @@ class BaseScenario:
         """Work of one step for each ``steps``-source metric it produces
         (samples/s: the global batch), the numerator of the rate."""
         raise NotImplementedError
+
+    def at_world_size(self, size: int) -> BaseScenario:
+        """This experiment on ``size`` ranks (a kind keeps the work per rank)."""
+        return dataclasses.replace(self, world_size=size, world_sizes=())
+
+    def fit(self, capacity: int) -> BaseScenario:
+        """The scenario at the world size ``capacity`` ranks can hold: its own
+        if it fits, else the largest of ``world_sizes`` that does (unchanged if none does)."""
+        if self.world_size <= capacity:
+            return self
+        fitting = [n for n in self.world_sizes if n <= capacity]
+        return self.at_world_size(max(fitting)) if fitting else self
 
     def precondition(self, device: str) -> str:
         """Why this scenario cannot run on ``device`` ("" if it can); checked

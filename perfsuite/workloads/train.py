@@ -182,6 +182,15 @@ class Scenario(BaseScenario):
         return self.global_batch // (self.micro_batch * self.data_parallel_size)
 
     # -- the workload-kind interface -------------------------------------------------------
+    def at_world_size(self, size: int) -> Scenario:
+        """The same experiment on ``size`` ranks: the layout's tp x pp and each
+        replica's batch stay, so the global batch scales with the data-parallel ranks."""
+        tp_pp = self.layout.tp * self.layout.pp
+        if size % tp_pp:
+            raise fail(self.id, "world_sizes", f"{size} is not a multiple of tp x pp = {tp_pp}")
+        per_replica = self.global_batch // self.layout.dp
+        return dataclasses.replace(self, world_size=size, world_sizes=(), global_batch=per_replica * (size // tp_pp))
+
     def step_work(self) -> Mapping[str, float]:
         return {"samples_per_s": self.global_batch, "tokens_per_s": self.global_batch * self.seq_len}
 
