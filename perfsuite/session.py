@@ -263,7 +263,8 @@ class PerfSession:
         )
         topology = getattr(self.launcher, "topology", None)
         per_node = topology.ranks_per_node(scenario.world_size) if topology else None
-        return WorkerJob(rank_job, scenario.world_size, timeout, workdir, self.settings.worker_env, per_node)
+        devices = tuple(str(gpu["index"]) for gpu in self.fingerprint.get("gpus") or [])
+        return WorkerJob(rank_job, scenario.world_size, timeout, workdir, self.settings.worker_env, per_node, devices)
 
     # -- judgement ------------------------------------------------------------
     def _judge(self, scenario: BaseScenario, measurement: Measurement, baseline: BaselineEntry | None) -> Judgement:
@@ -345,8 +346,21 @@ def fit_to_hardware(
     (all nodes' under a multi-node launcher); elsewhere unchanged."""
     if profile.device != "cuda":
         return scenario
-    nodes = topology.nnodes if topology else 1
-    return scenario.fit(int(fingerprint.get("gpu_count", 0)) * nodes)
+    return scenario.fit(gpu_capacity(fingerprint, topology)[0])
+
+
+def gpu_capacity(fingerprint: Mapping[str, Any], topology: Topology | None) -> tuple[int, str]:
+    """GPUs a run can use (every node with this host's GPUs, split among the
+    agents that share this host), and how that count came about."""
+    gpus = int(fingerprint.get("gpu_count", 0))
+    if topology is None:
+        return gpus, f"1 node(s) here have {gpus}"
+    sharing = topology.hosts_sharing
+    per_node = gpus // sharing
+    if sharing > 1:
+        where = f"{topology.nnodes} node(s) emulated on this host share its {gpus} GPU(s): {per_node} each"
+        return per_node * topology.nnodes, where
+    return per_node * topology.nnodes, f"{topology.nnodes} node(s) here have {per_node * topology.nnodes}"
 
 
 def launch_precondition(
@@ -365,8 +379,7 @@ def launch_precondition(
             f"{profile.max_world_size} (one machine's cores)"
         )
     if profile.device == "cuda":
-        nodes = topology.nnodes if topology else 1
-        gpus = fingerprint.get("gpu_count", 0) * nodes
+        gpus, where = gpu_capacity(fingerprint, topology)
         if scenario.world_size > gpus:
             sizes = sorted({scenario.world_size, *scenario.world_sizes})
             need = (
@@ -374,7 +387,7 @@ def launch_precondition(
                 if len(sizes) > 1
                 else f"{sizes[0]} GPUs"
             )
-            return f"needs {need}, {nodes} node(s) here have {gpus}"
+            return f"needs {need}, {where}"
     if topology is not None:
         try:
             topology.ranks_per_node(scenario.world_size)

@@ -30,7 +30,7 @@ def expand(nodelist: str) -> list[str]:
 
 def test_slurm_topology_comes_from_the_allocation() -> None:
     topology = topology_from_env(ENV, expand=expand)
-    assert topology == Topology(nnodes=2, nproc_per_node=8, rdzv_endpoint="gpu07:29400", local_agents=1)
+    assert topology == Topology(nnodes=2, nproc_per_node=8, rdzv_endpoint="gpu07:29400", local_agents=1, flexible=True)
     assert first_host("n1", expand=lambda _: ["n1"]) == "n1"
 
 
@@ -115,3 +115,50 @@ def test_slurm_launcher_outside_an_allocation_is_a_usage_error(pytester: pytest.
     result = pytester.runpytest_subprocess("--perf-launcher=slurm")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*must run inside a Slurm allocation (SLURM_JOB_ID is unset)*"])
+
+
+def test_under_slurm_a_scenario_takes_the_nodes_its_world_size_needs(tmp_path: Path) -> None:
+    topology = topology_from_env(ENV, expand=expand)  # 2 nodes x 8 GPUs
+    assert [topology.layout(n) for n in (1, 4, 8, 12, 16)] == [(1, 1), (1, 4), (1, 8), (2, 6), (2, 8)]
+    with pytest.raises(TopologyError, match=r"world_size 24 needs 3 node\(s\) of 8 rank\(s\); the allocation has 2"):
+        topology.layout(24)
+    (cmd,) = SlurmLauncher(topology).commands(WorkerJob(rank_job(tmp_path, 4), 4, 60, tmp_path), "gpu07:29400", "r")
+    words = shlex.split(cmd[7])
+    assert cmd[1] == "--nodes=1" and words[words.index("--nnodes") + 1 : words.index("--nnodes") + 4] == [
+        "1",
+        "--nproc-per-node",
+        "4",
+    ]
+
+
+def test_emulated_nodes_on_one_gpu_host_get_disjoint_gpus(tmp_path: Path) -> None:
+    import dataclasses
+
+    launcher = TorchrunLauncher(Topology(nnodes=2))
+    job = dataclasses.replace(
+        WorkerJob(rank_job(tmp_path, 4), 4, 60, tmp_path, nproc_per_node=2, devices=("0", "1", "2", "3")),
+        rank_job=dataclasses.replace(rank_job(tmp_path, 4), device="cuda"),
+    )
+    assert [launcher.agent_env(job, node) for node in (0, 1)] == [
+        {"CUDA_VISIBLE_DEVICES": "0,1"},
+        {"CUDA_VISIBLE_DEVICES": "2,3"},
+    ]
+    with pytest.raises(TopologyError, match=r"emulating 2 nodes of 2 rank\(s\) on this host needs 4 GPUs; it has 2"):
+        launcher.agent_env(dataclasses.replace(job, devices=("0", "1")), 0)
+    assert (
+        TorchrunLauncher(Topology(nnodes=2)).agent_env(dataclasses.replace(job, rank_job=rank_job(tmp_path, 4)), 0)
+        == {}
+    )
+
+
+def test_emulated_nodes_share_the_host_gpus_and_refuse_before_launch() -> None:
+    from perfsuite.profiles import gpu_profile
+    from perfsuite.session import launch_precondition
+
+    scenario = Scenario("g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=1,
+                        global_batch=2, seq_len=16)  # fmt: skip
+    one_gpu = {"gpu_count": 1, "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]}
+    reason = launch_precondition(scenario, gpu_profile("nvidia-h100-80gb-hbm3-x1"), one_gpu, Topology(nnodes=2))
+    assert reason == "needs 2 GPUs, 2 node(s) emulated on this host share its 1 GPU(s): 0 each"
+    two_gpus = {**one_gpu, "gpu_count": 2}
+    assert launch_precondition(scenario, gpu_profile("x"), two_gpus, Topology(nnodes=2)) == ""

@@ -41,6 +41,7 @@ class WorkerJob:
     workdir: Path
     env: Mapping[str, str] = field(default_factory=dict)
     nproc_per_node: int | None = None  # ranks per node (default: all on one node)
+    devices: tuple[str, ...] = ()  # this host's visible GPUs (index or UUID), split among emulated nodes
 
     def node_of(self, rank: int) -> tuple[int, int]:
         """(node, local rank) of a global rank."""

@@ -42,7 +42,9 @@ def topology_from_env(
     nnodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES", "1"))
     per_node = nproc_per_node or int(env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_NTASKS_PER_NODE") or 1)
     host = first_host(env["SLURM_JOB_NODELIST"], expand)
-    return Topology(nnodes=nnodes, nproc_per_node=per_node, rdzv_endpoint=f"{host}:{RDZV_PORT}", local_agents=1)
+    return Topology(
+        nnodes=nnodes, nproc_per_node=per_node, rdzv_endpoint=f"{host}:{RDZV_PORT}", local_agents=1, flexible=True
+    )
 
 
 class SlurmLauncher(TorchrunLauncher):
@@ -63,7 +65,7 @@ class SlurmLauncher(TorchrunLauncher):
         return [
             [
                 "srun",
-                f"--nodes={self.topology.nnodes}",
+                f"--nodes={self.topology.layout(job.world_size)[0]}",
                 "--ntasks-per-node=1",
                 "--kill-on-bad-exit=1",
                 "--export=ALL",

@@ -39,18 +39,43 @@ class Topology:
     nproc_per_node: int | None = None  # default: world_size / nnodes
     rdzv_endpoint: str | None = None  # default: a free loopback port (single host)
     local_agents: int | None = None  # agents started here; default: all nnodes
+    #: Slurm: ``nnodes`` is the allocation and ``nproc_per_node`` what a node
+    #: holds; a scenario takes as many nodes as its world size needs.
+    flexible: bool = False
 
-    def ranks_per_node(self, world_size: int) -> int:
+    def layout(self, world_size: int) -> tuple[int, int]:
+        """(nodes, ranks per node) of a run of ``world_size`` ranks."""
+        if self.flexible:
+            return self._fit(world_size)
         per_node = self.nproc_per_node or world_size // self.nnodes
         if per_node * self.nnodes != world_size:
             raise TopologyError(
                 f"{self.nnodes} node(s) x {per_node} rank(s) per node != world_size {world_size}; "
                 "adjust --perf-nnodes / --perf-nproc-per-node"
             )
-        return per_node
+        return self.nnodes, per_node
+
+    def _fit(self, world_size: int) -> tuple[int, int]:
+        holds = self.nproc_per_node or 1
+        nodes = -(-world_size // holds)
+        if nodes > self.nnodes:
+            raise TopologyError(
+                f"world_size {world_size} needs {nodes} node(s) of {holds} rank(s); the allocation has {self.nnodes}"
+            )
+        if world_size % nodes:
+            raise TopologyError(f"world_size {world_size} does not split evenly over {nodes} nodes of {holds} ranks")
+        return nodes, world_size // nodes
+
+    def ranks_per_node(self, world_size: int) -> int:
+        return self.layout(world_size)[1]
+
+    def agents_here(self, nodes: int) -> int:
+        """Agents this host starts for a run on ``nodes`` nodes."""
+        return min(self.local_agents, nodes) if self.local_agents is not None else nodes
 
     @property
-    def agents_here(self) -> int:
+    def hosts_sharing(self) -> int:
+        """Agents that share this host's GPUs (emulated nodes), at the most."""
         return self.local_agents if self.local_agents is not None else self.nnodes
 
 
@@ -62,14 +87,15 @@ class TorchrunLauncher(Launcher):
 
     def agent_command(self, job: WorkerJob, endpoint: str, run_id: str, node: int) -> list[str]:
         """``python -m torch.distributed.run ...`` for the agent of one node."""
+        nodes, per_node = self.topology.layout(job.world_size)
         return [
             sys.executable,
             "-m",
             "torch.distributed.run",
             "--nnodes",
-            str(self.topology.nnodes),
+            str(nodes),
             "--nproc-per-node",
-            str(self.topology.ranks_per_node(job.world_size)),
+            str(per_node),
             "--rdzv-backend",
             "c10d",
             "--rdzv-endpoint",
@@ -88,7 +114,23 @@ class TorchrunLauncher(Launcher):
         ]
 
     def commands(self, job: WorkerJob, endpoint: str, run_id: str) -> list[list[str]]:
-        return [self.agent_command(job, endpoint, run_id, node) for node in range(self.topology.agents_here)]
+        nodes, _ = self.topology.layout(job.world_size)
+        return [self.agent_command(job, endpoint, run_id, node) for node in range(self.topology.agents_here(nodes))]
+
+    def agent_env(self, job: WorkerJob, node: int) -> dict[str, str]:
+        """Environment of this host's agent ``node``. Emulated nodes on one GPU
+        host get disjoint GPUs: each agent numbers its ranks' GPUs from 0, so
+        without this every node's local rank 0 would take GPU 0 (NCCL refuses)."""
+        nodes, per_node = self.topology.layout(job.world_size)
+        agents = self.topology.agents_here(nodes)
+        if job.rank_job.device != "cuda" or agents == 1:
+            return {}
+        if len(job.devices) < agents * per_node:
+            raise TopologyError(
+                f"emulating {agents} nodes of {per_node} rank(s) on this host needs {agents * per_node} GPUs; "
+                f"it has {len(job.devices)}"
+            )
+        return {"CUDA_VISIBLE_DEVICES": ",".join(job.devices[node * per_node : (node + 1) * per_node])}
 
     def endpoint(self) -> str:
         return self.topology.rdzv_endpoint or f"127.0.0.1:{free_port()}"
@@ -108,7 +150,7 @@ class TorchrunLauncher(Launcher):
                     procs.append(
                         subprocess.Popen(
                             cmd,
-                            env=env,
+                            env={**env, **self.agent_env(job, node)},
                             stdout=log,
                             stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL,
