@@ -43,6 +43,7 @@ PYTEST_SIDE = (
     "perfsuite.launch",
     "perfsuite.flops",
     "perfsuite.__main__",
+    "perfsuite.doctor",
 )
 Graph = Mapping[str, set[str]]
 
