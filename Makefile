@@ -9,22 +9,37 @@ PY := $(VENV)/bin/python
 # CPU machines get the local CPU wheel; an unpinned torch would pull CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= deepspeed,fairscale,test
+# Air-gapped nodes: WHEELHOUSE=DIR installs from DIR only (see `make wheelhouse`).
+WHEELHOUSE ?=
+WHEEL_PYTHON ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+WHEEL_PLATFORM ?= manylinux_2_28_x86_64
+WHEEL_TORCH ?=
+OFFLINE := $(if $(WHEELHOUSE),--no-index --find-links $(abspath $(WHEELHOUSE)),)
 
-.PHONY: setup lint bench test clean
+.PHONY: setup lint bench test wheelhouse clean
 
 setup: $(VENV)/.installed
 
 # A GPU runner's own CUDA torch is reused through --system-site-packages rather
-# than replaced; elsewhere the pinned CPU wheel is installed first.
+# than replaced or upgraded; elsewhere the pinned CPU wheel is installed first.
+# With a WHEELHOUSE nothing is fetched: no pip self-upgrade, no isolated build.
 $(VENV)/.installed: pyproject.toml
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
 		$(PYTHON) -m venv --system-site-packages $(VENV); \
 	else \
-		$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(TORCH_SPEC); \
+		$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(OFFLINE) $(TORCH_SPEC); \
 	fi
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	$(if $(WHEELHOUSE),$(PY) -m pip install -q $(OFFLINE) "setuptools>=68",$(PY) -m pip install -q --upgrade pip)
+	$(PY) -m pip install -q $(OFFLINE) $(if $(WHEELHOUSE),--no-build-isolation) -e ".[$(EXTRAS)]"
 	touch $@
+
+# On a connected machine: every wheel `make bench` needs on a node without
+# internet, for its Python (WHEEL_PYTHON) and platform (WHEEL_PLATFORM). The
+# node's own torch is kept; WHEEL_TORCH=torch==X adds one for nodes without.
+wheelhouse:
+	@test -n "$(WHEELHOUSE)" || { echo "usage: make wheelhouse WHEELHOUSE=DIR [WHEEL_PYTHON=3.12] [WHEEL_PLATFORM=...] [WHEEL_TORCH=torch==X]"; exit 2; }
+	$(PYTHON) scripts/wheelhouse.py "$(WHEELHOUSE)" --python $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) \
+		--extras "$(EXTRAS)" $(if $(WHEEL_TORCH),--with-torch "$(WHEEL_TORCH)")
 
 bench: setup
 	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-json perf-results.json $(ARGS)
