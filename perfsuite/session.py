@@ -172,15 +172,15 @@ class PerfSession:
                 if report.rank == 0:
                     self.runtime = dict(report.runtime)
 
-    def launch_info(self, measurement: Measurement | None = None) -> dict[str, Any]:
+    def launch_info(self, scenario: BaseScenario, measurement: Measurement) -> dict[str, Any]:
+        """Launcher, nodes this scenario used (Slurm takes as many as it needs) and ranks per host."""
         topology = getattr(self.launcher, "topology", None)
-        ranks = measurement.outcome.reports if measurement else []
         per_host: dict[str, int] = {}
-        for report in ranks:
+        for report in measurement.outcome.reports:
             per_host[report.host] = per_host.get(report.host, 0) + 1
         return {
             "launcher": self.launcher.name,
-            "nnodes": topology.nnodes if topology else 1,
+            "nnodes": topology.layout(scenario.world_size)[0] if topology else 1,
             "ranks_per_host": per_host,
         }
 
@@ -223,7 +223,7 @@ class PerfSession:
             baseline,
             measurement.outcome,
             attempts=attempts,
-            launch_info=self.launch_info(measurement),
+            launch_info=self.launch_info(scenario, measurement),
         )
         result.extra_metrics.update(self.extra_metrics(result))
         # A throttled run, or one that mostly skipped its updates, must not become the baseline.
