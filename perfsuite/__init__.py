@@ -23,10 +23,11 @@ from perfsuite.metrics import register as register_metric
 from perfsuite.models import ModelSpec
 from perfsuite.profiles import HardwareProfile
 from perfsuite.relations import Relation, chain
-from perfsuite.workloads import BaseScenario, Scenario, ScenarioError
+from perfsuite.workloads import BaseScenario, Collective, Scenario, ScenarioError
 
 __all__ = [
     "BaseScenario",
+    "Collective",
     "EngineOptions",
     "EngineSpec",
     "HardwareProfile",

@@ -185,3 +185,13 @@ for _category in ("params", "grads", "optimizer"):
             description=f"{_category} bytes the worst rank holds (exact; for relations)",
         )
     )
+BUSBW_GBPS = register(Metric(
+    "busbw_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
+    across_launches="pool", spread=True, imbalance=True, tolerances={"cpu": 0.40, "cuda": 0.05},
+    description="collective bus bandwidth (nccl-tests): algbw x 2(n-1)/n for all-reduce, (n-1)/n for "
+    "all-gather and reduce-scatter; comparable across world sizes",
+))  # fmt: skip
+ALGBW_GBPS = register(Metric(
+    "algbw_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
+    across_launches="pool", description="collective algorithm bandwidth (nccl-tests): message bytes / time",
+))  # fmt: skip

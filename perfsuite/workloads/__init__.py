@@ -5,13 +5,25 @@ modules) that names the metrics it produces and the
 :class:`~perfsuite.protocol.WorkloadSpec` its ranks receive, plus a rank-side
 runner (:class:`perfsuite.worker.base.Runner`). Built in:
 
-* ``train`` (:class:`Scenario`): a training loop driven by an engine.
+* ``train`` (:class:`Scenario`): a training loop driven by an engine;
+* ``collective`` (:class:`Collective`): one collective's bus bandwidth.
 """
 
 from __future__ import annotations
 
 from perfsuite.validation import ScenarioError
 from perfsuite.workloads.base import OUTCOMES, BaseScenario, Outcome
+from perfsuite.workloads.collective import Collective
 from perfsuite.workloads.train import PRECISIONS, Precision, Scenario, TrainSpec
 
-__all__ = ["OUTCOMES", "PRECISIONS", "BaseScenario", "Outcome", "Precision", "Scenario", "ScenarioError", "TrainSpec"]
+__all__ = [
+    "OUTCOMES",
+    "PRECISIONS",
+    "BaseScenario",
+    "Collective",
+    "Outcome",
+    "Precision",
+    "Scenario",
+    "ScenarioError",
+    "TrainSpec",
+]
