@@ -43,13 +43,4 @@ class CollectiveRunner(Runner):
     def run(self, ctx: WorkerContext, reporter: Reporter) -> RankReport:
         reporter.phase("build")
         result = measure(self.step(ctx), self.job, ctx, reporter)
-        return RankReport(
-            rank=ctx.rank,
-            status="ok",
-            step_times_s=tuple(result.step_times_s),
-            warmup_times_s=tuple(result.warmup_times_s),
-            steady_state_start=result.steady_state_start,
-            metrics={"peak_mem_mib": result.peak_mem_mib},
-            memory=result.memory,
-            health=result.health,
-        )
+        return result.report(ctx.rank, metrics={"peak_mem_mib": result.peak_mem_mib})

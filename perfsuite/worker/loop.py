@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from perfsuite.protocol import RankJob
+from perfsuite.protocol import RankJob, RankReport
 from perfsuite.worker.health import HealthTracker
 from perfsuite.worker.memory import MemoryTracker
 from perfsuite.worker.runtime import Reporter, WorkerContext
@@ -31,6 +31,20 @@ class LoopResult:
     peak_mem_mib: float
     memory: dict[str, Any] = field(default_factory=dict)
     health: dict[str, Any] = field(default_factory=dict)
+
+    def report(self, rank: int, **fields: Any) -> RankReport:
+        """This rank's ``ok`` report of the loop; a kind adds its own ``fields``
+        (its ``rank`` metrics, losses, model state)."""
+        return RankReport(
+            rank=rank,
+            status="ok",
+            step_times_s=tuple(self.step_times_s),
+            warmup_times_s=tuple(self.warmup_times_s),
+            steady_state_start=self.steady_state_start,
+            memory=self.memory,
+            health=self.health,
+            **fields,
+        )
 
 
 def slowest_rank(seconds: float, ctx: WorkerContext) -> float:

@@ -92,18 +92,12 @@ class TrainRunner(Runner):
                 f"all {spec.steps} measured optimizer steps were skipped on fp16 overflow: "
                 "the loss scale never settled, nothing was trained"
             )
-        return RankReport(
-            rank=ctx.rank,
-            status="ok",
-            step_times_s=tuple(result.step_times_s),
-            warmup_times_s=tuple(result.warmup_times_s),
-            steady_state_start=result.steady_state_start,
+        return result.report(
+            ctx.rank,
             losses=tuple(losses),
             skipped_steps=skipped,
             metrics=rank_metrics(result.peak_mem_mib, state),
-            memory=result.memory,
             model_state=state,
-            health=result.health,
         )
 
 
