@@ -92,11 +92,6 @@ def flops_per_iteration(config: Mapping[str, Any]) -> float:
     return 72.0 * b * s * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
 
 
-def peak_tflops(gpu_name: str, precision: str) -> float | None:
-    peak = gpu_peak(gpu_name)
-    return peak.tflops(precision) if peak else None
-
-
 def mfu(
     config: Mapping[str, Any], step_time_s: float, gpu_name: str, peaks: Mapping[str, float] | None = None
 ) -> dict[str, Any]:
