@@ -125,7 +125,7 @@ METRICS = MetricRegistry()
 register = METRICS.register
 get = METRICS.get
 
-SAMPLES_PER_S = register(
+register(
     Metric(
         "samples_per_s",
         "samples/s",
@@ -142,7 +142,7 @@ SAMPLES_PER_S = register(
         description="training samples per second: global batch / step time",
     )
 )
-TOKENS_PER_S = register(
+register(
     Metric(
         "tokens_per_s",
         "tokens/s",
@@ -154,7 +154,7 @@ TOKENS_PER_S = register(
         description="samples/s x sequence length (not gated by default)",
     )
 )
-PEAK_MEM_MIB = register(
+register(
     Metric(
         "peak_mem_mib",
         "MiB",
@@ -165,7 +165,7 @@ PEAK_MEM_MIB = register(
         description="worst rank's peak memory over the measured steps (CUDA allocator peak; CPU VmHWM)",
     )
 )
-MODEL_STATE_BYTES = register(
+register(
     Metric(
         "model_state_bytes_per_rank",
         "bytes",
@@ -185,13 +185,13 @@ for _category in ("params", "grads", "optimizer"):
             description=f"{_category} bytes the worst rank holds (exact; for relations)",
         )
     )
-BUSBW_GBPS = register(Metric(
+register(Metric(
     "busbw_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
     across_launches="pool", spread=True, imbalance=True, tolerances={"cpu": 0.40, "cuda": 0.05},
     description="collective bus bandwidth (nccl-tests): algbw x 2(n-1)/n for all-reduce, (n-1)/n for "
     "all-gather and reduce-scatter; comparable across world sizes",
 ))  # fmt: skip
-ALGBW_GBPS = register(Metric(
+register(Metric(
     "algbw_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
     across_launches="pool", description="collective algorithm bandwidth (nccl-tests): message bytes / time",
 ))  # fmt: skip

@@ -10,7 +10,7 @@ from collections import deque
 from perfsuite.models.build import build_model, synthetic_batch
 from perfsuite.primitives import count_state_bytes
 from perfsuite.protocol import RankJob, RankReport
-from perfsuite.strategies.base import Strategy, StrategyContext, load_strategy
+from perfsuite.strategies.base import StrategyContext, load_strategy
 from perfsuite.worker.base import Runner
 from perfsuite.worker.loop import measure
 from perfsuite.worker.runtime import Reporter, WorkerContext
@@ -110,4 +110,4 @@ def rank_metrics(peak_mem_mib: float, state: dict[str, int]) -> dict[str, float]
     }
 
 
-__all__ = ["Strategy", "TrainRunner"]
+__all__ = ["TrainRunner"]
