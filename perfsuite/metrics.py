@@ -195,3 +195,27 @@ register(Metric(
     "algbw_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
     across_launches="pool", description="collective algorithm bandwidth (nccl-tests): message bytes / time",
 ))  # fmt: skip
+# -- hardware ceilings (group microbench) ---------------------------------------------
+register(Metric(
+    "tflops", "TFLOP/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
+    across_launches="pool", spread=True, imbalance=True, tolerances={"cpu": 0.40, "cuda": 0.05},
+    description="achieved TFLOP/s of a compute microbenchmark; the scenario's config names how FLOPs were "
+    "counted (flops_formula)",
+))  # fmt: skip
+register(Metric(
+    "mem_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
+    across_launches="pool", spread=True, imbalance=True, tolerances={"cpu": 0.40, "cuda": 0.05},
+    description="device memory bandwidth: bytes read plus bytes written per second (1 GB = 1e9 bytes)",
+))  # fmt: skip
+# -- the Hugging Face Trainer's own figures (group trainer_sweep) -----------------------
+# Each rank's Trainer computes them from its own wall clock; ranks combine to the worst.
+for _name, _unit, _direction, _reduce, _what in (
+    ("trainer.train_samples_per_s", "samples/s", "higher", "min", "Trainer's train_samples_per_second"),
+    ("trainer.eval_samples_per_s", "samples/s", "higher", "min", "Trainer's eval_samples_per_second"),
+    ("trainer.train_runtime_s", "s", "lower", "max", "Trainer's train_runtime (whole train(), evaluations included)"),
+    ("trainer.eval_runtime_s", "s", "lower", "max", "Trainer's eval_runtime of the last evaluation"),
+):
+    register(Metric(
+        _name, _unit, _direction, noisy=True, across_ranks=_reduce, across_launches="mean",  # type: ignore[arg-type]
+        description=f"{_what}; recorded and usable in relations, not gated by default",
+    ))  # fmt: skip

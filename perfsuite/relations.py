@@ -29,7 +29,11 @@ class Relation:
 
     ``op`` is ``<``/``>`` (strict) or ``~`` (equal within ``tolerance``,
     relative). ``factor`` may be ``"1/world_size"``, resolved with the left
-    scenario's resolved world size (sharding over N ranks).
+    scenario's resolved world size (sharding over N ranks), or ``"scaling"``:
+    ``efficiency`` x left's world size / right's (both as run), so
+    ``Relation("samples_per_s", on_4, ">", on_1, factor="scaling", efficiency=0.7)``
+    says 4 ranks deliver more than 70% of 4x one rank's throughput. The outcome
+    reports the scaling efficiency reached whatever the verdict.
     ``only_on`` limits the relation to profiles with one of these variant keys
     (e.g. ``("cuda",)`` for throughput claims that only hold on GPUs).
     """
@@ -38,8 +42,9 @@ class Relation:
     left: BaseScenario
     op: Op
     right: BaseScenario
-    factor: float | Literal["1/world_size"] = 1.0
+    factor: float | Literal["1/world_size", "scaling"] = 1.0
     tolerance: float = 0.0
+    efficiency: float = 1.0
     only_on: tuple[str, ...] = ()
     why: str = ""
 
@@ -51,10 +56,16 @@ class Relation:
             raise ScenarioError(f"relation {self.id}: field 'op' must be '<', '>' or '~', got {self.op!r}")
         if self.op == "~" and not 0 < self.tolerance < 1:
             raise ScenarioError(f"relation {self.id}: field 'tolerance' must be in (0, 1) for '~'")
+        if isinstance(self.factor, str) and self.factor not in ("1/world_size", "scaling"):
+            raise ScenarioError(f"relation {self.id}: field 'factor' must be a number, '1/world_size' or 'scaling'")
+        if not 0 < self.efficiency <= 1 or (self.efficiency != 1.0 and self.factor != "scaling"):
+            raise ScenarioError(f"relation {self.id}: field 'efficiency' must be in (0, 1], with factor='scaling'")
 
     @property
     def id(self) -> str:
         factor = "" if self.factor == 1.0 else f"{self.factor}*"
+        if self.factor == "scaling":
+            factor = f"{self.efficiency:g}*scaling*"
         return f"{self.left.group}.{self.metric}:{self.left.name}{self.op}{factor}{self.right.name}"
 
 
@@ -80,15 +91,24 @@ class RelationOutcome:
         }
 
 
-def evaluate(relation: Relation, left: Any, right: Any, world_size: int) -> RelationOutcome:
-    """Decide a relation from two ScenarioResults."""
+def resolve_factor(relation: Relation, left_world: int, right_world: int) -> float:
+    """The relation's factor as a number, for the world sizes the two scenarios ran at."""
+    if relation.factor == "1/world_size":
+        return 1.0 / left_world
+    if relation.factor == "scaling":
+        return relation.efficiency * left_world / right_world
+    return float(relation.factor)
+
+
+def evaluate(relation: Relation, left: Any, right: Any) -> RelationOutcome:
+    """Decide a relation from two ScenarioResults (world sizes as they ran)."""
     for side in (left, right):
         if side.status != "ok" or side.metrics is None:
             return RelationOutcome(
                 relation, "skipped", f"{side.scenario.id} did not train ({side.status}: {side.judgement.message})"
             )
     a = left.metrics.value(relation.metric)
-    factor = 1.0 / world_size if relation.factor == "1/world_size" else float(relation.factor)
+    factor = resolve_factor(relation, left.scenario.world_size, right.scenario.world_size)
     b = factor * right.metrics.value(relation.metric)
     if relation.op == "~":
         holds = abs(a - b) <= relation.tolerance * abs(b)
@@ -101,6 +121,10 @@ def evaluate(relation: Relation, left: Any, right: Any, world_size: int) -> Rela
         f"{relation.left.name} {relation.metric} = {a:.6g} is {'' if holds else 'NOT '}{claim} "
         f"{scaled}{relation.right.name}'s ({b:.6g})"
     )
+    if relation.factor == "scaling":
+        ratio = left.scenario.world_size / right.scenario.world_size
+        reached = a / (ratio * right.metrics.value(relation.metric))
+        message += f"; scaling efficiency {reached:.0%} ({ratio:g}x ranks), required {relation.efficiency:.0%}"
     if relation.why:
         message += f" [{relation.why}]"
     return RelationOutcome(relation, "holds" if holds else "violated", message, a, b)

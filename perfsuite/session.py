@@ -336,7 +336,7 @@ class PerfSession:
             where = ", ".join(relation.only_on)
             return RelationOutcome(relation, "skipped", f"holds on {where} profiles only, this is {self.profile.name}")
         left, right = self.run(relation.left), self.run(relation.right)
-        return evaluate(relation, left, right, left.scenario.world_size)
+        return evaluate(relation, left, right)
 
 
 def fit_to_hardware(

@@ -42,7 +42,8 @@ def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester)
     rerun = run(project, f"--perf-json={project.path / 'r.json'}")
     rerun.assert_outcomes(passed=1)
     assert path.read_bytes() == recorded, "a normal run must never rewrite baselines"
-    rerun.stdout.fnmatch_lines(["*perfsuite summary (profile cpu)*", "tiny.fp32*ok*pass*"])
+    # The recording run may have been the slower one (cold caches): improved is a pass too.
+    rerun.stdout.re_match_lines([r".*perfsuite summary \(profile cpu\).*", r"tiny\.fp32\s+ok.*(pass|improved)$"])
 
     doc = json.loads(recorded)
     doc["scenarios"]["tiny.fp32"]["metrics"]["samples_per_s"]["mean"] *= 10
