@@ -223,6 +223,13 @@ class RankReport:
     """Bytes held by category (params, grads, optimizer, total)."""
     health: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Clock, power, temperature, throttle reasons (CUDA) or load (CPU)."""
+    step_work: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Work per step of ``steps`` metrics that only the ranks know (the matmul
+    shape a best-shape search picked); overrides the scenario's ``step_work()``
+    for this launch. Every rank reports the same."""
+    detail: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Kind-specific facts for the results file (the search table, the FLOP
+    formula); rank 0's is kept."""
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = encode(self)

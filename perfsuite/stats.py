@@ -72,6 +72,10 @@ class ScenarioMetrics:
     skipped_steps: int = 0
     """Measured steps left out because the engine skipped their update (fp16
     overflow): they did no training, and skipping is faster."""
+    step_work: Mapping[str, float] = field(default_factory=dict)
+    """Work per step behind each rate (first launch; each launch's own is used when pooling)."""
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    """Rank 0's kind-specific facts (first launch)."""
 
     def value(self, name: str) -> float:
         """The number compared with baselines and in relations (a Summary's mean)."""
@@ -97,6 +101,7 @@ class ScenarioMetrics:
             "health": self.health,
             "repeats": self.repeats,
             "skipped_steps": self.skipped_steps,
+            **({"detail": dict(self.detail)} if self.detail else {}),
         }
 
     def repeat_summary(self) -> dict[str, Any]:
@@ -109,12 +114,15 @@ def aggregate(ranks: Sequence[RankReport], work: Mapping[str, float], names: Seq
     A synchronous step is as slow as its slowest rank, so rates use the max
     over ranks of each step's time; ``rank`` metrics combine by their entry's
     ``across_ranks`` (max: the worst rank). Steps whose update any rank
-    skipped are left out of the rates and step times.
+    skipped are left out of the rates and step times. Work the ranks report
+    (``RankReport.step_work``) overrides ``work``.
     """
+    work = {**work, **ranks[0].step_work}
     skipped = {i for r in ranks for i in r.skipped_steps}
     slowest = [max(times) for times in zip(*(r.step_times_s for r in ranks), strict=True)]
     per_step = [t for i, t in enumerate(slowest) if i not in skipped]
-    values = _values(names, work, per_step, lambda m: _reduce(m.across_ranks, [_reported(r, m.name) for r in ranks]))
+    rates = {name: [w / t for t in per_step] for name, w in work.items()}
+    values = _values(names, rates, lambda m: _reduce(m.across_ranks, [_reported(r, m.name) for r in ranks]))
     return ScenarioMetrics(
         values=values,
         step_time_median_s=statistics.median(per_step),
@@ -124,18 +132,19 @@ def aggregate(ranks: Sequence[RankReport], work: Mapping[str, float], names: Seq
         steady_state_start=ranks[0].steady_state_start,
         health=[{"rank": r.rank, **r.health} for r in ranks],
         skipped_steps=len(skipped),
+        step_work=work,
+        detail=ranks[0].detail,
     )
 
 
-def pool(runs: Sequence[ScenarioMetrics], work: Mapping[str, float], names: Sequence[str]) -> ScenarioMetrics:
-    """Metrics of several launches of one scenario: step samples pooled, other
-    metrics combined by their entry's ``across_launches``, and each launch's
-    values kept under ``repeats``."""
+def pool(runs: Sequence[ScenarioMetrics], names: Sequence[str]) -> ScenarioMetrics:
+    """Metrics of several launches of one scenario: step samples pooled (each
+    at its launch's own work per step), other metrics combined by their
+    entry's ``across_launches``, and each launch's values kept under ``repeats``."""
     per_step = [t for run in runs for t in run.step_times_s]
+    rates = {name: [run.step_work[name] / t for run in runs for t in run.step_times_s] for name in runs[0].step_work}
     # Each launch's own number (not value()), so exact counts stay ints.
-    values = _values(
-        names, work, per_step, lambda m: _reduce(m.across_launches, [_number(run, m.name) for run in runs])
-    )
+    values = _values(names, rates, lambda m: _reduce(m.across_launches, [_number(run, m.name) for run in runs]))
     first = runs[0]
     return ScenarioMetrics(
         values=values,
@@ -147,25 +156,24 @@ def pool(runs: Sequence[ScenarioMetrics], work: Mapping[str, float], names: Sequ
         health=first.health,
         repeats=[run.repeat_summary() for run in runs],
         skipped_steps=sum(run.skipped_steps for run in runs),
+        step_work=first.step_work,
+        detail=first.detail,
     )
 
 
 def _values(
-    names: Sequence[str],
-    work: Mapping[str, float],
-    per_step: Sequence[float],
-    combine: Callable[[registry.Metric], float],
+    names: Sequence[str], rates: Mapping[str, Sequence[float]], combine: Callable[[registry.Metric], float]
 ) -> dict[str, Value]:
-    """``steps`` metrics as rates over ``per_step``; the others by ``combine``."""
+    """``steps`` metrics from their per-step ``rates``; the others by ``combine``."""
     values: dict[str, Value] = {}
     for name in names:
         metric = registry.get(name)
-        values[name] = _rate(metric, work[name], per_step) if metric.source == "steps" else combine(metric)
+        values[name] = _rate(metric, rates[name]) if metric.source == "steps" else combine(metric)
     return values
 
 
-def _rate(metric: registry.Metric, work: float, step_times: Sequence[float]) -> Value:
-    samples = Summary.of([work / t for t in step_times])
+def _rate(metric: registry.Metric, rates: Sequence[float]) -> Value:
+    samples = Summary.of(rates)
     return samples if metric.spread else samples.mean
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from perfsuite.protocol import RankReport
-from perfsuite.stats import Summary, aggregate, percentile, pool
+from perfsuite.stats import ScenarioMetrics, Summary, aggregate, percentile, pool
 
 NAMES = ("samples_per_s", "tokens_per_s", "peak_mem_mib", "model_state_bytes_per_rank")
 WORK = {"samples_per_s": 8, "tokens_per_s": 32}
@@ -33,7 +33,7 @@ def test_step_time_is_slowest_rank_and_memory_worst_rank() -> None:
 def test_launches_pool_steps_and_reduce_rank_metrics_by_their_entry() -> None:
     first = aggregate([rank(0, [1.0, 1.0], 100, 10), rank(1, [1.0, 1.0], 100, 10)], WORK, NAMES)
     second = aggregate([rank(0, [2.0, 2.0], 250, 10), rank(1, [2.0, 2.0], 90, 10)], WORK, NAMES)
-    pooled = pool([first, second], WORK, NAMES)
+    pooled = pool([first, second], NAMES)
     assert pooled.summary("samples_per_s") is not None and pooled.summary("samples_per_s").n == 4
     assert pooled.value("samples_per_s") == 6.0 and pooled.value("peak_mem_mib") == 250
     # Exact counts stay ints through pooling, as the results file reports them.
@@ -68,4 +68,19 @@ def test_skipped_updates_leave_the_rates_and_are_counted() -> None:
     assert m.skipped_steps == 1 and m.step_times_s == [1.0, 2.0]
     assert m.summary("samples_per_s") == Summary.of([8.0, 4.0])
     assert [r["samples_per_s"] for r in m.per_rank] == [8.0, 8 / 1.5]
-    assert pool([m, m], WORK, NAMES).skipped_steps == 2 and m.to_json()["skipped_steps"] == 1
+    assert pool([m, m], NAMES).skipped_steps == 2 and m.to_json()["skipped_steps"] == 1
+
+
+def test_work_reported_by_the_ranks_overrides_the_scenario_and_pools_per_launch() -> None:
+    # A best-shape search decides its work per step on the ranks; two launches
+    # may pick different shapes, so each launch's rates use its own work.
+    def launch(work: float) -> ScenarioMetrics:
+        report = RankReport(rank=0, status="ok", step_times_s=(1.0, 1.0), step_work={"samples_per_s": work},
+                            metrics={"peak_mem_mib": 1.0}, detail={"shape": work})  # fmt: skip
+        return aggregate([report], {"samples_per_s": 1.0}, ["samples_per_s", "peak_mem_mib"])
+
+    first, second = launch(10.0), launch(30.0)
+    assert first.value("samples_per_s") == 10.0 and first.to_json()["detail"] == {"shape": 10.0}
+    assert pool([first, second], ["samples_per_s", "peak_mem_mib"]).summary("samples_per_s") == Summary.of(
+        [10.0, 10.0, 30.0, 30.0]
+    )
