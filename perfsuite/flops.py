@@ -12,7 +12,8 @@ BERT's encoder blocks have the same per-layer cost, so it applies to them too.
 Peaks are dense (no 2:4 sparsity) datasheet figures per GPU, per exact SKU as
 NVML names it: fp16/bf16 on tensor cores with fp32 accumulation (what autocast
 uses), fp32 on the non-tensor units (torch does not use TF32 for matmuls by
-default). A GPU not listed gets no MFU, saying so; a profile's
+default), TF32 and fp8 tensor-core rates and memory bandwidth for the
+microbenchmarks. A GPU not listed gets no MFU, saying so; a profile's
 ``peak_tflops`` supplies one.
 """
 
@@ -28,51 +29,60 @@ FORMULA = "megatron: 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh)) per iteration, no reco
 
 @dataclass(frozen=True)
 class Peak:
-    """Dense datasheet TFLOP/s of one GPU SKU."""
+    """Dense datasheet figures of one GPU SKU: TFLOP/s per math mode, memory GB/s."""
 
     sku: str
     fp16: float | None
     bf16: float | None
     fp32: float
+    tf32: float | None = None
+    fp8: float | None = None
+    mem_gbps: float | None = None
 
     def tflops(self, precision: str) -> float | None:
         value: float | None = getattr(self, precision, None)
         return value
 
 
-_H100_SXM = Peak("H100 SXM5", 989.0, 989.0, 67.0)
-_H100_PCIE = Peak("H100 PCIe", 756.0, 756.0, 51.0)
-_H100_NVL = Peak("H100 NVL", 835.0, 835.0, 60.0)
-_A100 = Peak("A100 (SXM4 and PCIe, 40 and 80 GB)", 312.0, 312.0, 19.5)
+def _hopper(sku: str, tensor: float, fp32: float, mem_gbps: float) -> Peak:
+    # Hopper: TF32 is half the fp16/bf16 rate, fp8 twice it.
+    return Peak(sku, tensor, tensor, fp32, tensor / 2, tensor * 2, mem_gbps)
+
+
+_H100_SXM = _hopper("H100 SXM5", 989.0, 67.0, 3350.0)
+_H100_PCIE = _hopper("H100 PCIe", 756.0, 51.0, 2000.0)
+_H100_NVL = _hopper("H100 NVL", 835.0, 60.0, 3900.0)
+_H800_SXM = _hopper("H800 SXM5", 989.0, 67.0, 3350.0)
+_A100_40 = Peak("A100 40GB", 312.0, 312.0, 19.5, 156.0, None, 1555.0)
 
 #: Normalised NVML name (lowercase; "nvidia", "tesla", "geforce" dropped) -> peak.
 PEAKS: Mapping[str, Peak] = {
-    "v100-sxm2-16gb": Peak("V100 SXM2", 125.0, None, 15.7),
-    "v100-sxm2-32gb": Peak("V100 SXM2", 125.0, None, 15.7),
-    "v100-pcie-16gb": Peak("V100 PCIe", 112.0, None, 14.0),
-    "v100-pcie-32gb": Peak("V100 PCIe", 112.0, None, 14.0),
-    "v100s-pcie-32gb": Peak("V100S PCIe", 130.0, None, 16.4),
-    "a100-sxm4-40gb": _A100,
-    "a100-sxm4-80gb": _A100,
-    "a100-pcie-40gb": _A100,
-    "a100 80gb pcie": _A100,
-    "rtx a6000": Peak("RTX A6000", 154.8, 154.8, 38.7),
-    "rtx 3090 ti": Peak("GeForce RTX 3090 Ti (fp16 with fp32 accumulate)", 80.0, 80.0, 40.0),
-    "a10": Peak("A10", 125.0, 125.0, 31.2),
-    "l40s": Peak("L40S", 362.0, 362.0, 91.6),
+    "v100-sxm2-16gb": Peak("V100 SXM2", 125.0, None, 15.7, mem_gbps=900.0),
+    "v100-sxm2-32gb": Peak("V100 SXM2", 125.0, None, 15.7, mem_gbps=900.0),
+    "v100-pcie-16gb": Peak("V100 PCIe", 112.0, None, 14.0, mem_gbps=900.0),
+    "v100-pcie-32gb": Peak("V100 PCIe", 112.0, None, 14.0, mem_gbps=900.0),
+    "v100s-pcie-32gb": Peak("V100S PCIe", 130.0, None, 16.4, mem_gbps=1134.0),
+    "a100-sxm4-40gb": _A100_40,
+    "a100-sxm4-80gb": Peak("A100 SXM4 80GB", 312.0, 312.0, 19.5, 156.0, None, 2039.0),
+    "a100-pcie-40gb": _A100_40,
+    "a100 80gb pcie": Peak("A100 PCIe 80GB", 312.0, 312.0, 19.5, 156.0, None, 1935.0),
+    "rtx a6000": Peak("RTX A6000", 154.8, 154.8, 38.7, 77.4, None, 768.0),
+    "rtx 3090 ti": Peak("GeForce RTX 3090 Ti (fp16 with fp32 accumulate)", 80.0, 80.0, 40.0, 40.0, None, 1008.0),
+    "a10": Peak("A10", 125.0, 125.0, 31.2, 62.5, None, 600.0),
+    "l40s": Peak("L40S", 362.0, 362.0, 91.6, 183.0, 733.0, 864.0),
     "h100 80gb hbm3": _H100_SXM,
     "h100 sxm5 80gb": _H100_SXM,
     "h100 pcie": _H100_PCIE,
     "h100 nvl": _H100_NVL,
-    "h800": Peak("H800 SXM5", 989.0, 989.0, 67.0),
-    "h800 80gb hbm3": Peak("H800 SXM5", 989.0, 989.0, 67.0),
-    "h800 pcie": Peak("H800 PCIe", 756.0, 756.0, 51.0),
-    "h20": Peak("H20", 148.0, 148.0, 44.0),
-    "h200": Peak("H200 SXM", 989.0, 989.0, 67.0),
-    "h200 nvl": Peak("H200 NVL", 835.0, 835.0, 60.0),
-    "gh200 480gb": Peak("GH200", 989.0, 989.0, 67.0),
-    "gh200 144g hbm3e": Peak("GH200", 989.0, 989.0, 67.0),
-    "b200": Peak("B200 (HGX, 1000 W)", 2250.0, 2250.0, 80.0),
+    "h800": _H800_SXM,
+    "h800 80gb hbm3": _H800_SXM,
+    "h800 pcie": _hopper("H800 PCIe", 756.0, 51.0, 2000.0),
+    "h20": _hopper("H20", 148.0, 44.0, 4000.0),
+    "h200": _hopper("H200 SXM", 989.0, 67.0, 4800.0),
+    "h200 nvl": _hopper("H200 NVL", 835.0, 60.0, 4800.0),
+    "gh200 480gb": _hopper("GH200 (HBM3)", 989.0, 67.0, 4000.0),
+    "gh200 144g hbm3e": _hopper("GH200 (HBM3e)", 989.0, 67.0, 4900.0),
+    "b200": Peak("B200 (HGX, 1000 W)", 2250.0, 2250.0, 80.0, 1100.0, 4500.0, 8000.0),
 }
 
 
@@ -99,7 +109,7 @@ def mfu(
     profile) wins over the table; without a peak, ``value`` is None and
     ``note`` says why."""
     precision = config["precision"]
-    achieved = flops_per_iteration(config) / step_time_s / config["world_size"] / 1e12
+    achieved = achieved_tflops_per_rank(config, step_time_s)
     result: dict[str, Any] = {"achieved_tflops_per_gpu": achieved, "formula": FORMULA, "gpu": gpu_name}
     if peaks and precision in peaks:
         return {
@@ -115,3 +125,21 @@ def mfu(
         note = f"no MFU for {gpu_name!r}: {why}; set the profile's peak_tflops to supply one"
         return {**result, "value": None, "peak_tflops": None, "note": note}
     return {**result, "value": achieved / tflops, "peak_tflops": tflops, "peak_source": f"datasheet: {peak.sku}"}
+
+
+def achieved_tflops_per_rank(config: Mapping[str, Any], step_time_s: float) -> float:
+    """Model TFLOP/s each rank delivers in a training run, by :data:`FORMULA`."""
+    return flops_per_iteration(config) / step_time_s / config["world_size"] / 1e12
+
+
+def of_peak(config: Mapping[str, Any], value: float, gpu_name: str) -> dict[str, Any]:
+    """A microbenchmark's figure as a fraction of the GPU's datasheet peak
+    (TFLOP/s for the dtype it ran in, or memory bandwidth for a copy)."""
+    peak = gpu_peak(gpu_name)
+    kind = "mem_gbps" if config["kind"] == "membw" else config["dtype"]
+    figure = getattr(peak, kind, None) if peak else None
+    unit = "GB/s" if kind == "mem_gbps" else "TFLOP/s"
+    if peak is None or figure is None:
+        why = f"no {kind} datasheet figure" if peak else "GPU not in perfsuite.flops.PEAKS"
+        return {"value": None, "peak": None, "unit": unit, "note": f"no peak for {gpu_name!r}: {why}"}
+    return {"value": value / figure, "peak": figure, "unit": unit, "peak_source": f"datasheet: {peak.sku}"}

@@ -19,8 +19,9 @@ def _row(result: ScenarioResult) -> tuple[str, ...]:
     throughput = delta = "-"
     if m is not None and primary in m.values:
         summary = m.summary(primary)
-        spread = f" +/- {summary.std:.2f}" if summary else ""
-        throughput = f"{m.value(primary):.2f}{spread} {registry.get(primary).unit}"
+        # Significant digits, not decimals: TFLOP/s of a cpu microbenchmark are 0.00x.
+        spread = f" +/- {summary.std:.2g}" if summary else ""
+        throughput = f"{m.value(primary):.4g}{spread} {registry.get(primary).unit}"
     for check in result.judgement.checks:
         if check.metric == primary:
             delta = f"{check.delta:+.1%}"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfsuite.flops import flops_per_iteration, gpu_peak, mfu
+from perfsuite.flops import flops_per_iteration, gpu_peak, mfu, of_peak
 
 GPT_1_3B = {
     "model": {"layers": 24, "hidden": 2048, "vocab": 50304},
@@ -35,11 +35,11 @@ def test_mfu_uses_the_gpu_peak_and_names_the_formula() -> None:
         ("NVIDIA H800", "H800 SXM5", 989.0),
         ("NVIDIA H20", "H20", 148.0),
         ("NVIDIA H200 NVL", "H200 NVL", 835.0),
-        ("NVIDIA GH200 480GB", "GH200", 989.0),
+        ("NVIDIA GH200 480GB", "GH200 (HBM3)", 989.0),
         ("NVIDIA B200", "B200 (HGX, 1000 W)", 2250.0),
         ("NVIDIA L40S", "L40S", 362.0),
         ("NVIDIA A10", "A10", 125.0),
-        ("NVIDIA A100 80GB PCIe", "A100 (SXM4 and PCIe, 40 and 80 GB)", 312.0),
+        ("NVIDIA A100 80GB PCIe", "A100 PCIe 80GB", 312.0),
         ("Tesla V100-SXM2-32GB", "V100 SXM2", 125.0),
         ("NVIDIA RTX A6000", "RTX A6000", 154.8),
         ("NVIDIA GeForce RTX 3090 Ti", "GeForce RTX 3090 Ti (fp16 with fp32 accumulate)", 80.0),
@@ -57,3 +57,14 @@ def test_unknown_gpu_or_precision_says_why_and_a_profile_can_supply_the_peak() -
     assert v100_bf16["value"] is None and "no bf16 datasheet peak" in v100_bf16["note"]
     supplied = mfu(GPT_1_3B, 1.0, "NVIDIA Future GPU", peaks={"fp16": 500.0})
     assert supplied["peak_tflops"] == 500.0 and supplied["peak_source"] == "profile"
+
+
+def test_microbench_figures_are_a_fraction_of_the_datasheet_peak() -> None:
+    # The physical-limit anchors on H100 SXM: bf16 matmul ~794 TFLOP/s, copy ~3.0 TB/s.
+    bf16 = of_peak({"kind": "microbench", "dtype": "bf16"}, 794.0, "NVIDIA H100 80GB HBM3")
+    assert bf16["value"] == pytest.approx(0.803, abs=1e-3) and bf16["peak"] == 989.0
+    assert of_peak({"kind": "microbench", "dtype": "tf32"}, 400.0, "NVIDIA H100 80GB HBM3")["peak"] == 494.5
+    copy = of_peak({"kind": "membw"}, 3000.0, "NVIDIA H100 80GB HBM3")
+    assert copy["value"] == pytest.approx(3000 / 3350) and copy["unit"] == "GB/s"
+    v100_fp8 = of_peak({"kind": "microbench", "dtype": "fp8"}, 1.0, "Tesla V100-SXM2-32GB")
+    assert v100_fp8["value"] is None and "no fp8 datasheet figure" in v100_fp8["note"]
