@@ -23,19 +23,30 @@ from perfsuite.metrics import register as register_metric
 from perfsuite.models import ModelSpec
 from perfsuite.profiles import HardwareProfile
 from perfsuite.relations import Relation, chain
-from perfsuite.workloads import BaseScenario, Collective, Scenario, ScenarioError
+from perfsuite.workloads import (
+    BaseScenario,
+    Collective,
+    DeviceCopy,
+    Microbench,
+    Scenario,
+    ScenarioError,
+    TrainerScenario,
+)
 
 __all__ = [
     "BaseScenario",
     "Collective",
+    "DeviceCopy",
     "EngineOptions",
     "EngineSpec",
     "HardwareProfile",
     "Metric",
+    "Microbench",
     "ModelSpec",
     "Relation",
     "Scenario",
     "ScenarioError",
+    "TrainerScenario",
     "chain",
     "parametrize",
     "parametrize_relations",

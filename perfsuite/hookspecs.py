@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from perfsuite.ceilings import Ceilings
     from perfsuite.compare import MetricCheck
     from perfsuite.profiles import HardwareProfile
     from perfsuite.session import ScenarioResult
@@ -45,11 +46,15 @@ def pytest_perfsuite_compare_metric(check: MetricCheck) -> MetricCheck | None:
 
 @hookspec
 def pytest_perfsuite_extra_metrics(
-    result: ScenarioResult, fingerprint: dict[str, Any], profile: HardwareProfile
+    result: ScenarioResult, fingerprint: dict[str, Any], profile: HardwareProfile, ceilings: Ceilings
 ) -> dict[str, Any] | None:
     """Return extra metrics for a finished scenario; every implementation's
     dict is merged under ``metrics.extra`` in the results file (not gated).
+    ``ceilings`` holds the best matmul TFLOP/s per dtype this session has
+    measured so far (:mod:`perfsuite.ceilings`).
 
-    perfsuite's own implementation adds ``mfu`` on GPUs; yours runs beside it.
+    perfsuite's own implementation adds ``mfu`` on GPUs, ``peak`` (fraction of
+    the datasheet) for GPU microbenchmarks and ``ceiling`` (fraction of the
+    session's measured best matmul) for training runs; yours runs beside it.
     Take only the arguments you need. To gate a metric, register it
     (:mod:`perfsuite.metrics`) and measure it on the ranks instead."""

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from perfsuite import hookspecs
+from perfsuite import hookspecs, maxbatch
 from perfsuite.baselines import BaselineError
+from perfsuite.ceilings import Ceilings, ceilings_first
 from perfsuite.compare import FAILING, MetricCheck, check_metric
+from perfsuite.cost import Job, cost_of, ranking, ranking_lines
 from perfsuite.fingerprint import foreign_gpu_processes, machine_fingerprint
-from perfsuite.flops import mfu
+from perfsuite.flops import mfu, of_peak
 from perfsuite.launch import Launcher
 from perfsuite.launch.slurm import SlurmLauncher
 from perfsuite.launch.torchrun import (
@@ -144,6 +147,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="record baselines with tolerances derived from the spread between "
         "--perf-repeats launches (3 sigma); see 'python -m perfsuite calibrate'",
     )
+    maxbatch.add_options(group)  # --perf-find-max-batch and its bounds
+    group.addoption(
+        "--perf-gpu-hour-price",
+        metavar="PRICE",
+        type=float,
+        help="price of one GPU (cpu: one rank) for one hour, for cost per sample and the cost ranking "
+        "(ini: perf_gpu_hour_price; default: the profile's gpu_hour_price)",
+    )
+    group.addoption("--perf-currency", metavar="CODE", help="currency of the price (ini: perf_currency)")
+    group.addoption(
+        "--perf-job",
+        metavar="SAMPLES[xEPOCHS]",
+        help="a job to estimate for every configuration, e.g. 2048x2: its time and cost are "
+        "ranked per group (ini: perf_job)",
+    )
+    parser.addini("perf_gpu_hour_price", "price of one GPU-hour (see --perf-gpu-hour-price)", default="")
+    parser.addini("perf_currency", "currency of perf_gpu_hour_price", default="")
+    parser.addini("perf_job", "SAMPLES[xEPOCHS] job to estimate (see --perf-job)", default="")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -165,6 +186,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--perf-nnodes > 1 needs --perf-launcher=torchrun or slurm")
     if config.getoption("--perf-calibrate") and config.getoption("--perf-repeats") < 2:
         raise pytest.UsageError("--perf-calibrate needs --perf-repeats N with N >= 2 to see the spread")
+    maxbatch.check_options(config)
+    _job(config)  # fail fast on a malformed --perf-job
     if config.getoption("--perf-profile"):
         _profile(config)  # fail fast on an unknown profile name
     config.stash[LAUNCHER_KEY] = _launcher(config)  # e.g. slurm outside an allocation
@@ -192,8 +215,42 @@ def _profile(config: pytest.Config) -> HardwareProfile:
         profile = registry.get(name, fingerprint)
     except ProfileError as exc:
         raise pytest.UsageError(str(exc)) from None
+    profile = _priced(config, profile)
     config.stash[PROFILE_KEY] = profile
     return profile
+
+
+def _priced(config: pytest.Config, profile: HardwareProfile) -> HardwareProfile:
+    """The profile with the price and currency the command line or ini set."""
+    price: Any = config.getoption("--perf-gpu-hour-price")
+    if price is None and config.getini("perf_gpu_hour_price"):
+        try:
+            price = float(config.getini("perf_gpu_hour_price"))
+        except ValueError:
+            raise pytest.UsageError(
+                f"ini option perf_gpu_hour_price must be a number, got {config.getini('perf_gpu_hour_price')!r}"
+            ) from None
+    if price is not None and price < 0:
+        raise pytest.UsageError(f"--perf-gpu-hour-price must be >= 0, got {price}")
+    currency = config.getoption("--perf-currency") or config.getini("perf_currency") or profile.currency
+    return replace(profile, gpu_hour_price=price if price is not None else profile.gpu_hour_price, currency=currency)
+
+
+def _job(config: pytest.Config) -> Job | None:
+    """The job named by --perf-job / perf_job, e.g. ``2048x2`` (None if none)."""
+    text = config.getoption("--perf-job") or config.getini("perf_job")
+    if not text:
+        return None
+    samples, _, epochs = str(text).partition("x")
+    try:
+        job = Job(int(samples), int(epochs or 1))
+    except ValueError:
+        job = Job(0)
+    if job.samples < 1 or job.epochs < 1:
+        raise pytest.UsageError(
+            f"--perf-job must be SAMPLES or SAMPLESxEPOCHS with positive ints, e.g. 2048x2; got {text!r}"
+        )
+    return job
 
 
 def _compare(config: pytest.Config) -> Any:
@@ -205,10 +262,10 @@ def _compare(config: pytest.Config) -> Any:
 
 
 def _extra_metrics(config: pytest.Config) -> Any:
-    def extra(result: ScenarioResult) -> dict[str, Any]:
+    def extra(result: ScenarioResult, ceilings: Ceilings) -> dict[str, Any]:
         merged: dict[str, Any] = {}
         for found in config.hook.pytest_perfsuite_extra_metrics(
-            result=result, fingerprint=_fingerprint(config), profile=_profile(config)
+            result=result, fingerprint=_fingerprint(config), profile=_profile(config), ceilings=ceilings
         ):
             merged.update(found or {})
         return merged
@@ -218,15 +275,35 @@ def _extra_metrics(config: pytest.Config) -> Any:
 
 @pytest.hookimpl
 def pytest_perfsuite_extra_metrics(
-    result: ScenarioResult, fingerprint: dict[str, Any], profile: HardwareProfile
+    result: ScenarioResult, fingerprint: dict[str, Any], profile: HardwareProfile, ceilings: Ceilings
 ) -> dict[str, Any] | None:
-    """perfsuite's default: MFU of a GPU training run (Megatron's FLOP formula,
-    named in the value, against the GPU's datasheet peak)."""
+    """perfsuite's default: for a GPU training run, MFU (Megatron's FLOP
+    formula, named in the value, against the GPU's datasheet peak); for a GPU
+    microbenchmark, its fraction of the datasheet peak; for a training run on
+    any device, its achieved TFLOP/s against the best matmul this session measured."""
+    if result.metrics is None:
+        return None
     config = result.scenario.to_config()
     gpus = fingerprint.get("gpus") or []
-    if profile.device != "cuda" or result.metrics is None or not gpus or "model" not in config:
-        return None
-    return {"mfu": mfu(config, result.metrics.step_time_median_s, gpus[0]["name"], profile.peak_tflops)}
+    extra: dict[str, Any] = {}
+    if profile.device == "cuda" and gpus and "model" in config:
+        extra["mfu"] = mfu(config, result.metrics.step_time_median_s, gpus[0]["name"], profile.peak_tflops)
+    if profile.device == "cuda" and gpus and config["kind"] in ("microbench", "membw"):
+        extra["peak"] = of_peak(config, result.metrics.value(result.scenario.primary), gpus[0]["name"])
+    ceiling = ceilings.fraction(config, result.metrics.step_time_median_s)
+    if ceiling is not None:
+        extra["ceiling"] = ceiling
+    values = {name: result.metrics.value(name) for name in result.metrics.values}
+    cost = cost_of(config, values, result.metrics.health, profile.gpu_hour_price, profile.currency)
+    if cost is not None:
+        extra["cost"] = cost
+    return extra or None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Ceiling-setting microbenchmarks run first, so every later training
+    result can be set against this session's measured best (perfsuite.ceilings)."""
+    items[:] = ceilings_first(items)
 
 
 def _worker_env(config: pytest.Config) -> dict[str, str]:
@@ -308,8 +385,15 @@ class Perf:
         except BaselineError as exc:
             pytest.fail(str(exc), pytrace=False)
 
-    def check(self, scenario: BaseScenario) -> ScenarioResult:
-        """Run ``scenario`` and pass, fail or skip this test by its verdict."""
+    def check(self, scenario: BaseScenario) -> ScenarioResult | None:
+        """Run ``scenario`` and pass, fail or skip this test by its verdict.
+
+        Under ``--perf-find-max-batch`` it searches the largest micro-batch that
+        fits instead (no baseline involved) and returns None.
+        """
+        if maxbatch.enabled(self.request.config):
+            maxbatch.find_max_batch(self.session, scenario, self.request.config)
+            return None
         result = self.run(scenario)
         verdict, message = result.verdict, result.judgement.message
         if result.judgement.stack_changes:
@@ -334,6 +418,11 @@ class Perf:
 
     def check_relation(self, relation: Relation) -> RelationOutcome:
         """Check a relation between two scenarios of this run; fail if violated."""
+        if maxbatch.enabled(self.request.config):
+            pytest.skip(
+                f"{relation.id}: relations compare scenarios measured at their own batch; "
+                f"{maxbatch.FLAG} only searches batch sizes, so none is checked"
+            )
         try:
             outcome = self.session.relation(relation)
         except BaselineError as exc:
@@ -352,6 +441,8 @@ def perf(perf_session: PerfSession, request: pytest.FixtureRequest) -> Perf:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if maxbatch.enabled(config):
+        _max_batch_summary(terminalreporter, config)
     session = config.stash.get(SESSION_KEY, None)
     if session is None or not session.results:
         return
@@ -362,7 +453,25 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("-", "perfsuite relations")
         for line in relation_lines(session.relations.values()):
             terminalreporter.write_line(line)
+    ranked = ranking(session.results.values(), _job(config))
+    if ranked:
+        price = session.profile.gpu_hour_price
+        priced = f"{price:g} {session.profile.currency} per GPU-hour" if price is not None else "no price set"
+        terminalreporter.write_sep("-", f"perfsuite cost and time ranking ({priced})")
+        for line in ranking_lines(ranked, _job(config)):
+            terminalreporter.write_line(line)
     why = nothing_measured(session)
+    if why:
+        terminalreporter.write_sep("!", "perfsuite: nothing was measured", red=True)
+        terminalreporter.write_line(why)
+
+
+def _max_batch_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    profile = config.stash[SESSION_KEY].profile.name if SESSION_KEY in config.stash else "-"
+    terminalreporter.write_sep("-", f"perfsuite max batch (profile {profile})")
+    for line in maxbatch.summary_lines(maxbatch.results_of(config)):
+        terminalreporter.write_line(line)
+    why = maxbatch.nothing_searched(config)
     if why:
         terminalreporter.write_sep("!", "perfsuite: nothing was measured", red=True)
         terminalreporter.write_line(why)
@@ -388,10 +497,23 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     perf = config.stash.get(SESSION_KEY, None)
     if perf is not None and nothing_measured(perf) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if maxbatch.enabled(config) and maxbatch.nothing_searched(config) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if not path:
         return
     fingerprint = perf.current_fingerprint() if perf else _fingerprint(config)
     results = list(perf.results.values()) if perf else []
     relations = [r.to_json() for r in perf.relations.values()] if perf else []
+    ceilings = perf.ceilings.to_json() if perf else {}
+    ranked = ranking(results, _job(config))
     profile = perf.profile.name if perf else ""
-    write_results(Path(path), results_document(fingerprint, profile, results, relations=relations))
+    document = results_document(
+        fingerprint,
+        profile,
+        results,
+        relations=relations,
+        ceilings=ceilings,
+        ranking=ranked,
+        **maxbatch.results_json(config),
+    )
+    write_results(Path(path), document)

@@ -47,6 +47,11 @@ class HardwareProfile:
     #: Dense peak TFLOP/s per GPU by precision, for MFU where perfsuite.flops
     #: does not know this GPU (or to override its datasheet figure).
     peak_tflops: Mapping[str, float] = field(default_factory=dict)
+    #: Price of one GPU (on cpu: one rank) for one hour, for cost per sample
+    #: (perfsuite.cost); the ``perf_gpu_hour_price`` ini option overrides it.
+    gpu_hour_price: float | None = None
+    #: Currency of ``gpu_hour_price``.
+    currency: str = "USD"
     #: Extra keys (besides name and device) looked up in Scenario.variants/expect.
     aliases: tuple[str, ...] = ()
     description: str = ""

@@ -17,6 +17,7 @@ from typing import Any
 
 from perfsuite import metrics as registry
 from perfsuite.baselines import BaselineEntry, BaselineError, BaselineStore
+from perfsuite.ceilings import Ceilings
 from perfsuite.compare import (
     Judgement,
     MetricCheck,
@@ -28,7 +29,7 @@ from perfsuite.compare import (
 )
 from perfsuite.fingerprint import stack_changes
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
-from perfsuite.launch.torchrun import Topology, TopologyError
+from perfsuite.launch.torchrun import LocalTorchrun, Topology, TopologyError, TorchrunLauncher
 from perfsuite.profiles import HardwareProfile
 from perfsuite.protocol import RankJob
 from perfsuite.relations import Relation, RelationOutcome, evaluate
@@ -118,7 +119,7 @@ class ScenarioResult:
         }
 
 
-def no_extra_metrics(result: ScenarioResult) -> dict[str, Any]:
+def no_extra_metrics(result: ScenarioResult, ceilings: Ceilings) -> dict[str, Any]:
     return {}
 
 
@@ -128,7 +129,8 @@ class PerfSession:
     ``compare`` judges one metric (the plugin routes it through
     ``pytest_perfsuite_compare_metric``); ``extra_metrics`` returns ungated
     extras for a finished result (``pytest_perfsuite_extra_metrics``, whose
-    default implementation adds MFU).
+    default implementation adds MFU, the datasheet fraction and the fraction
+    of this session's measured ceilings).
     """
 
     def __init__(
@@ -137,7 +139,7 @@ class PerfSession:
         fingerprint: dict[str, Any],
         launcher: Launcher,
         compare: Callable[[MetricCheck], MetricCheck] = check_metric,
-        extra_metrics: Callable[[ScenarioResult], dict[str, Any]] = no_extra_metrics,
+        extra_metrics: Callable[[ScenarioResult, Ceilings], dict[str, Any]] = no_extra_metrics,
     ) -> None:
         self.settings = settings
         self.fingerprint = fingerprint
@@ -149,6 +151,8 @@ class PerfSession:
         self.relations: dict[str, RelationOutcome] = {}
         self.runtime: dict[str, Any] = {}  # rank 0's torch/CUDA/NCCL builds, once seen
         self.nodes: dict[str, dict[str, Any]] = {}  # host -> ranks seen there and its runtime
+        self.ceilings = Ceilings()  # best matmul TFLOP/s per dtype measured so far
+        self._emulators: dict[int, TorchrunLauncher] = {}
         self._workroot = settings.workdir or Path(tempfile.mkdtemp(prefix="perfsuite-"))
 
     @property
@@ -172,14 +176,28 @@ class PerfSession:
                 if report.rank == 0:
                     self.runtime = dict(report.runtime)
 
+    def launcher_for(self, scenario: BaseScenario) -> Launcher:
+        """The session's launcher, or for a multi-node scenario under the local
+        launcher, torchrun agents emulating its nodes on this host (over loopback)."""
+        nodes = scenario.nodes or 1
+        if nodes == 1 or not isinstance(self.launcher, LocalTorchrun):
+            return self.launcher
+        if nodes not in self._emulators:
+            self._emulators[nodes] = TorchrunLauncher(Topology(nnodes=nodes))
+        return self._emulators[nodes]
+
+    def _topology(self, scenario: BaseScenario) -> Topology | None:
+        topology: Topology | None = getattr(self.launcher_for(scenario), "topology", None)
+        return topology
+
     def launch_info(self, scenario: BaseScenario, measurement: Measurement) -> dict[str, Any]:
         """Launcher, nodes this scenario used (Slurm takes as many as it needs) and ranks per host."""
-        topology = getattr(self.launcher, "topology", None)
+        launcher, topology = self.launcher_for(scenario), self._topology(scenario)
         per_host: dict[str, int] = {}
         for report in measurement.outcome.reports:
             per_host[report.host] = per_host.get(report.host, 0) + 1
         return {
-            "launcher": self.launcher.name,
+            "launcher": launcher.name,
             "nnodes": topology.layout(scenario.world_size)[0] if topology else 1,
             "ranks_per_host": per_host,
         }
@@ -196,7 +214,7 @@ class PerfSession:
         return self.results[scenario.id]
 
     def _run(self, scenario: BaseScenario) -> ScenarioResult:
-        scenario = fit_to_hardware(scenario, self.profile, self.fingerprint, getattr(self.launcher, "topology", None))
+        scenario = fit_to_hardware(scenario, self.profile, self.fingerprint, self._topology(scenario))
         baseline = self.store.get(scenario.group, scenario.id)
         skip = self._precondition(scenario)
         if skip:
@@ -225,7 +243,8 @@ class PerfSession:
             attempts=attempts,
             launch_info=self.launch_info(scenario, measurement),
         )
-        result.extra_metrics.update(self.extra_metrics(result))
+        self.ceilings.offer(scenario.to_config(), result.status, _mean_or_none(result.metrics, "tflops"))
+        result.extra_metrics.update(self.extra_metrics(result, self.ceilings))
         # A throttled run, or one that mostly skipped its updates, must not become the baseline.
         distrusted = measurement.metrics is not None and bool(untrustworthy(measurement.metrics))
         recordable = measurement.status in ("ok", "oom") and not distrusted
@@ -234,20 +253,20 @@ class PerfSession:
         return result
 
     def _precondition(self, scenario: BaseScenario) -> str:
-        return launch_precondition(scenario, self.profile, self.fingerprint, getattr(self.launcher, "topology", None))
+        return launch_precondition(scenario, self.profile, self.fingerprint, self._topology(scenario))
 
     def _measure(self, scenario: BaseScenario) -> Measurement:
         launches: list[LaunchOutcome] = []
         runs: list[ScenarioMetrics] = []
         work = scenario.step_work()
         for _ in range(self.settings.repeats):
-            outcome = self.launcher.run(self._job(scenario))
+            outcome = self.launcher_for(scenario).run(self._job(scenario))
             launches.append(outcome)
             self._note_nodes(outcome)
             if outcome.status != "ok":
                 return Measurement(tuple(launches), None)
             runs.append(aggregate(outcome.reports, work, scenario.metrics))
-        return Measurement(tuple(launches), pool(runs, work, scenario.metrics))
+        return Measurement(tuple(launches), pool(runs, scenario.metrics))
 
     def _job(self, scenario: BaseScenario) -> WorkerJob:
         workdir = Path(tempfile.mkdtemp(prefix=f"{scenario.id}-", dir=self._workroot))
@@ -261,7 +280,7 @@ class PerfSession:
             steady_threshold=self.profile.steady_threshold,
             slowdown_pct=self.settings.slowdown_pct,
         )
-        topology = getattr(self.launcher, "topology", None)
+        topology = self._topology(scenario)
         per_node = topology.ranks_per_node(scenario.world_size) if topology else None
         devices = tuple(str(gpu["index"]) for gpu in self.fingerprint.get("gpus") or [])
         return WorkerJob(rank_job, scenario.world_size, timeout, workdir, self.settings.worker_env, per_node, devices)
@@ -456,6 +475,10 @@ def _confirmed(judgement: Judgement, attempts: list[dict[str, Any]], primary: st
     seen = ", ".join(f"{_mean(a[primary]):.4g}" for a in attempts if a[primary] is not None)
     note = f" [confirmed by {len(attempts) - 1} fresh measurement(s); {primary} per measurement: {seen}]"
     return Judgement(judgement.verdict, judgement.message + note, judgement.checks, judgement.stack_changes)
+
+
+def _mean_or_none(metrics: ScenarioMetrics | None, name: str) -> float | None:
+    return metrics.value(name) if metrics is not None and name in metrics.values else None
 
 
 def _mean(stored: Any) -> float:

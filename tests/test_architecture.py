@@ -44,6 +44,9 @@ PYTEST_SIDE = (
     "perfsuite.flops",
     "perfsuite.__main__",
     "perfsuite.doctor",
+    "perfsuite.ceilings",
+    "perfsuite.cost",
+    "perfsuite.maxbatch",
 )
 Graph = Mapping[str, set[str]]
 

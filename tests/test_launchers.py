@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite import ModelSpec, Scenario
+from perfsuite import ModelSpec, Scenario, ScenarioError
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.slurm import SlurmLauncher, first_host, topology_from_env
 from perfsuite.launch.torchrun import Topology, TopologyError, TorchrunLauncher
@@ -108,6 +108,23 @@ def test_two_agents_rendezvous_over_loopback(pytester: pytest.Pytester) -> None:
     assert sum(res["launch"]["ranks_per_host"].values()) == 2
     assert [r["rank"] for r in res["metrics"]["per_rank"]] == [0, 1]
     assert res["config"]["layout"]["pp"] == 2 and res["config"]["layout"]["bubble_fraction"] == pytest.approx(1 / 3)
+
+
+def test_a_scenario_naming_its_nodes_is_emulated_by_the_local_launcher(pytester: pytest.Pytester) -> None:
+    """``nodes=2`` under the default local launcher: two torchrun agents on
+    this host, one pipeline stage each, as the cluster_gpt rows run on cpu."""
+    pytester.makepyfile(test_bench=PIPELINE.replace("world_size=2,", "world_size=2, nodes=2,"))
+    out = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--perf-profile=cpu", f"--perf-json={out}")
+    result.assert_outcomes(skipped=1)  # no baseline: it trained and was measured
+    (res,) = json.loads(out.read_text())["results"]
+    assert res["status"] == "ok" and res["config"]["nodes"] == 2
+    assert res["launch"]["launcher"] == "torchrun" and res["launch"]["nnodes"] == 2
+
+
+def test_nodes_must_divide_the_world() -> None:
+    with pytest.raises(ScenarioError, match="field 'nodes' must divide world_size=4, got 3"):
+        Scenario("g", "x", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=4, nodes=3, micro_batch=1, global_batch=4)
 
 
 def test_slurm_launcher_outside_an_allocation_is_a_usage_error(pytester: pytest.Pytester) -> None:

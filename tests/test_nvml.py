@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,13 @@ def test_throttle_reasons_and_sync_boost(monkeypatch: pytest.MonkeyPatch, old_ap
     with CudaHealthTracker(CUDA0) as health:
         health.sample()
     assert health.result["throttle_reasons"] == ["sync_boost"] and not health.result["throttled"]
+
+
+def test_energy_over_the_measured_steps_comes_from_the_energy_counter() -> None:
+    with CudaHealthTracker(CUDA0) as health:
+        time.sleep(0.2)
+        health.sample()
+    assert health.result["energy_j"] == pytest.approx(0.2 * 650, rel=0.5)  # 650 W for ~0.2 s
 
 
 def test_an_nvml_failure_degrades_the_record_not_the_run(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,8 @@
 
 On CUDA, NVML is sampled once per measured step: SM clock, power draw,
 temperature and the clock-event (throttle) reasons, which say *why* clocks
-dropped (power cap, thermal, hardware slowdown). On CPU, load average and
+dropped (power cap, thermal, hardware slowdown); the energy counter is read
+before and after the measured steps. On CPU, load average and
 current frequency are sampled: another busy process shows up as load above
 this run's ranks. Nothing here changes any setting.
 """
@@ -73,7 +74,15 @@ class CpuHealthTracker(HealthTracker):
 class CudaHealthTracker(HealthTracker):
     def __enter__(self) -> CudaHealthTracker:
         self.gpu = NvmlDevice(self.device)
+        self.energy_start_mj = self.energy_mj()
         return self
+
+    def energy_mj(self) -> int | None:
+        """NVML's energy counter (mJ since the driver loaded; Volta and newer), if this GPU has one."""
+        gpu, nvml = self.gpu, self.gpu.nvml
+        if not hasattr(nvml, "nvmlDeviceGetTotalEnergyConsumption"):
+            return None
+        return gpu.call("energy", lambda: int(nvml.nvmlDeviceGetTotalEnergyConsumption(gpu.handle)))
 
     def read(self) -> dict[str, float]:
         gpu, nvml = self.gpu, self.gpu.nvml
@@ -93,6 +102,9 @@ class CudaHealthTracker(HealthTracker):
 
     def finish(self) -> dict[str, Any]:
         summary = super().finish()
+        end = self.energy_mj()
+        if end is not None and self.energy_start_mj is not None:
+            summary["energy_j"] = (end - self.energy_start_mj) / 1000  # over the measured steps
         self.gpu.shutdown()
         summary["nvml_mapped_by"] = self.gpu.mapped_by
         if self.gpu.error:

@@ -6,7 +6,11 @@ modules) that names the metrics it produces and the
 runner (:class:`perfsuite.worker.base.Runner`). Built in:
 
 * ``train`` (:class:`Scenario`): a training loop driven by an engine;
-* ``collective`` (:class:`Collective`): one collective's bus bandwidth.
+* ``collective`` (:class:`Collective`): one collective's bus bandwidth;
+* ``microbench`` (:class:`Microbench`): TFLOP/s of a matmul, an elementwise
+  op or a transformer block on one device; ``membw`` (:class:`DeviceCopy`):
+  device memory bandwidth;
+* ``trainer`` (:class:`TrainerScenario`): a real ``transformers.Trainer`` job.
 """
 
 from __future__ import annotations
@@ -14,16 +18,21 @@ from __future__ import annotations
 from perfsuite.validation import ScenarioError
 from perfsuite.workloads.base import OUTCOMES, BaseScenario, Outcome
 from perfsuite.workloads.collective import Collective
+from perfsuite.workloads.microbench import DeviceCopy, Microbench
 from perfsuite.workloads.train import PRECISIONS, Precision, Scenario, TrainSpec
+from perfsuite.workloads.trainer import TrainerScenario
 
 __all__ = [
     "OUTCOMES",
     "PRECISIONS",
     "BaseScenario",
     "Collective",
+    "DeviceCopy",
+    "Microbench",
     "Outcome",
     "Precision",
     "Scenario",
     "ScenarioError",
     "TrainSpec",
+    "TrainerScenario",
 ]

@@ -61,6 +61,12 @@ class BaseScenario:
     (mixed precision on one card; sharding from 2 ranks). A GPU profile runs
     ``world_size`` if its GPUs hold it, else the largest of these that fits,
     keeping the work per rank (:meth:`at_world_size`)."""
+    nodes: int | None = None
+    """Nodes the experiment spans (cluster rows name theirs), world_size / nodes
+    ranks on each. Slurm places a run on as many of its nodes as the ranks need
+    and ``--perf-launcher torchrun`` follows its own topology; the default
+    local launcher emulates the nodes as that many torchrun agents on this
+    host, meeting over loopback. None: whatever the launcher does."""
     warmup_steps: int = 3
     """Minimum warmup; more run until step times settle."""
     max_warmup_steps: int | None = None
@@ -113,6 +119,10 @@ class BaseScenario:
                 self.at_world_size(size)
             except ScenarioError as exc:
                 raise ScenarioError(f"{exc} (at world size {size} of world_sizes)") from None
+        if self.nodes is not None:
+            check_int(owner, "nodes", self.nodes, 1)
+            if self.world_size % self.nodes:
+                raise fail(owner, "nodes", f"must divide world_size={self.world_size}, got {self.nodes}")
         check_int(owner, "warmup_steps", self.warmup_steps, 0)
         if self.max_warmup_steps is not None:
             check_int(owner, "max_warmup_steps", self.max_warmup_steps, self.warmup_steps)
@@ -168,6 +178,7 @@ class BaseScenario:
             "name": self.name,
             "kind": self.kind,
             "world_size": self.world_size,
+            "nodes": self.nodes,
             "warmup_steps": self.warmup_steps,
             "max_warmup_steps": self.warmup_limit,
             "steps": self.steps,

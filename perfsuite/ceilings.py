@@ -1,0 +1,82 @@
+"""Same-session hardware ceilings: the best matmul TFLOP/s this session measured.
+
+A training figure means more beside what this machine, today, can do at
+best: a slower card or a throttled one lowers the ceiling too, while a slower
+software stack lowers only the training figure. Microbenchmark scenarios
+(``microbench`` kind, matmul ops) therefore run first in a session
+(:func:`ceilings_first`), their best TFLOP/s per dtype is kept here, and every
+training result then also reports its achieved TFLOP/s per rank as a fraction
+of the ceiling of its precision, beside MFU against the datasheet. The
+ceilings go into the results file. Pytest side, torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from perfsuite.flops import FORMULA, achieved_tflops_per_rank
+
+MATMUL_OPS = ("matmul", "matmul_best")
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """The best matmul figure of one dtype measured in this session."""
+
+    dtype: str
+    """Math mode: fp32, tf32, fp16, bf16 or fp8."""
+    tflops: float
+    """Mean TFLOP/s of the fastest matmul scenario of this dtype."""
+    scenario: str
+    """Id of the scenario that measured it."""
+
+
+class Ceilings:
+    """Best matmul TFLOP/s per dtype, offered every finished result of the session."""
+
+    def __init__(self) -> None:
+        self.best: dict[str, Ceiling] = {}
+
+    def offer(self, config: Mapping[str, Any], status: str, tflops: float | None) -> None:
+        """Keep ``tflops`` if ``config`` is a matmul microbenchmark that ran and beat the dtype's best so far."""
+        if config.get("kind") != "microbench" or config.get("op") not in MATMUL_OPS or status != "ok":
+            return
+        if tflops is None:
+            return
+        dtype = str(config["dtype"])
+        if dtype not in self.best or tflops > self.best[dtype].tflops:
+            self.best[dtype] = Ceiling(dtype, tflops, str(config["id"]))
+
+    def fraction(self, config: Mapping[str, Any], step_time_s: float) -> dict[str, Any] | None:
+        """A training run's achieved TFLOP/s per rank against its precision's ceiling (None without one)."""
+        if "model" not in config or "precision" not in config:
+            return None
+        ceiling = self.best.get(str(config["precision"]))
+        if ceiling is None:
+            return None
+        achieved = achieved_tflops_per_rank(config, step_time_s)
+        return {
+            "value": achieved / ceiling.tflops,
+            "achieved_tflops_per_rank": achieved,
+            "ceiling_tflops": ceiling.tflops,
+            "ceiling_scenario": ceiling.scenario,
+            "formula": FORMULA,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {dtype: asdict(ceiling) for dtype, ceiling in sorted(self.best.items())}
+
+
+def is_ceiling_test(params: Mapping[str, Any]) -> bool:
+    """Whether a test's parameters make it a scenario that can set a ceiling."""
+    scenario = params.get("scenario")
+    return getattr(scenario, "kind", None) == "microbench"
+
+
+def ceilings_first(items: Sequence[Any]) -> list[Any]:
+    """``items`` with the ceiling-setting tests first, otherwise in their order."""
+    params = [getattr(getattr(item, "callspec", None), "params", {}) for item in items]
+    first = [item for item, p in zip(items, params, strict=True) if is_ceiling_test(p)]
+    return first + [item for item, p in zip(items, params, strict=True) if not is_ceiling_test(p)]

@@ -1,0 +1,350 @@
+"""``--perf-find-max-batch``: the largest micro-batch of a train scenario that
+fits in memory, found with real out-of-memory failures as the boundary.
+
+Each trial is a fresh launch (fresh ranks) of the scenario at one micro-batch
+through the session's normal launch path, so the boundary is where the real
+allocator fails: RLIMIT_DATA at the rank's footprint + the profile's budget on
+``cpu``, the device (or the profile's cap) on CUDA. The search doubles from
+the start size until the first OOM, then bisects between the last size that
+fit and the first that did not; if the start already OOMs it halves down to 1.
+A trial that fails for any other reason (crash, timeout, skip) stops the
+search: a crash is never mistaken for an OOM.
+
+Nothing here reads or writes baselines. pytest side; never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pytest
+
+from perfsuite.report import table
+from perfsuite.session import Measurement, PerfSession, fit_to_hardware
+from perfsuite.stats import Summary
+from perfsuite.validation import ScenarioError
+from perfsuite.workloads.base import BaseScenario
+from perfsuite.workloads.train import Scenario
+
+FLAG = "--perf-find-max-batch"
+START_FLAG = "--perf-max-batch-start"
+LIMIT_FLAG = "--perf-max-batch-limit"
+DEFAULT_LIMIT = 4096
+
+#: Per-scenario results of this pytest session, memoised by scenario id.
+RESULTS_KEY = pytest.StashKey[dict[str, "MaxBatchResult"]]()
+
+#: A launch's status, or "invalid" when validation refused the shape.
+TrialStatus = Literal["ok", "oom", "timeout", "crash", "skipped", "invalid"]
+Outcome = Literal["boundary", "limit", "none_fit", "stopped"]
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One launch of the scenario at one micro-batch."""
+
+    micro_batch: int
+    global_batch: int
+    status: TrialStatus
+    samples_per_s: Summary | None = None
+    peak_mem_mib: float | None = None
+    message: str = ""
+    """Why a trial that neither trained nor ran out of memory failed."""
+    wall_s: float = 0.0
+    """Launch wall time (all repeats): what the trial cost."""
+
+    def to_json(self) -> dict[str, Any]:
+        throughput = self.samples_per_s
+        return {
+            "micro_batch": self.micro_batch,
+            "global_batch": self.global_batch,
+            "status": self.status,
+            "samples_per_s": dataclasses.asdict(throughput) if throughput else None,
+            "peak_mem_mib": self.peak_mem_mib,
+            "message": self.message,
+            "wall_s": round(self.wall_s, 2),
+        }
+
+
+RunTrial = Callable[[int], Trial]
+
+
+class MaxBatchSearch:
+    """Doubling then bisection over micro-batch sizes, driven by ``run_trial``.
+
+    Assumes memory grows with the micro-batch, so every size above an OOM
+    would OOM too and every size below a fit would fit.
+    """
+
+    def __init__(self, start: int, limit: int, run_trial: RunTrial) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self.start = max(1, min(start, limit))  # a scenario's own size above the limit starts at the limit
+        self.limit = limit
+        self.run_trial = run_trial
+        self.trials: list[Trial] = []
+        self.stopped = False
+
+    def run(self) -> tuple[Trial, ...]:
+        first = self._try(self.start)
+        if first is True:
+            self._bisect(*self._grow(self.start))
+        elif first is False:
+            self._bisect(*self._shrink(self.start))
+        return tuple(self.trials)
+
+    def _try(self, size: int) -> bool | None:
+        """True: it trained; False: it ran out of memory; None: the search stops."""
+        trial = self.run_trial(size)
+        self.trials.append(trial)
+        if trial.status not in ("ok", "oom"):
+            self.stopped = True
+            return None
+        return trial.status == "ok"
+
+    def _grow(self, fit: int) -> tuple[int, int]:
+        """Double from a size that fits: (last fit, first OOM), or (limit, limit) if none OOMed."""
+        while fit < self.limit:
+            size = min(2 * fit, self.limit)
+            fits = self._try(size)
+            if fits is None:
+                return fit, fit
+            if not fits:
+                return fit, size
+            fit = size
+        return fit, fit
+
+    def _shrink(self, oom: int) -> tuple[int, int]:
+        """Halve from a size that OOMed: (first fit, last OOM), or (0, 1) if even 1 OOMs."""
+        while oom > 1:
+            size = oom // 2
+            fits = self._try(size)
+            if fits is None:
+                return oom, oom
+            if fits:
+                return size, oom
+            oom = size
+        return 0, 1
+
+    def _bisect(self, fit: int, oom: int) -> None:
+        while not self.stopped and oom - fit > 1:
+            size = (fit + oom) // 2
+            fits = self._try(size)
+            if fits is True:
+                fit = size
+            elif fits is False:
+                oom = size
+
+
+@dataclass(frozen=True)
+class MaxBatchResult:
+    """The search for one scenario: every trial, in the order run."""
+
+    scenario: Scenario  # resolved for the profile, at its own micro-batch
+    start: int
+    limit: int
+    trials: tuple[Trial, ...]
+
+    @property
+    def largest_fitting(self) -> int | None:
+        sizes = [t.micro_batch for t in self.trials if t.status == "ok"]
+        return max(sizes) if sizes else None
+
+    @property
+    def first_oom(self) -> int | None:
+        sizes = [t.micro_batch for t in self.trials if t.status == "oom"]
+        return min(sizes) if sizes else None
+
+    @property
+    def stopped_by(self) -> Trial | None:
+        """The trial that neither trained nor OOMed (it ended the search), if any."""
+        return next((t for t in self.trials if t.status not in ("ok", "oom")), None)
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.stopped_by is not None:
+            return "stopped"
+        if self.largest_fitting is None:
+            return "none_fit"
+        return "boundary" if self.first_oom is not None else "limit"
+
+    def headline(self) -> str:
+        """One line: what the search found."""
+        fit, oom, count = self.largest_fitting, self.first_oom, f"{len(self.trials)} trial(s)"
+        stop = self.stopped_by
+        if stop is not None:
+            so_far = f"; largest fitting so far {fit}" if fit else ""
+            return f"search stopped: micro-batch {stop.micro_batch} {stop.status}{so_far}; {count}"
+        if fit is None:
+            return f"no micro-batch fits: even micro-batch 1 runs out of memory; {count}"
+        grown = f"largest fitting micro-batch {fit} (global batch {self._global(fit)})"
+        if oom is None:
+            return f"fits up to the limit: {grown}, no OOM up to {LIMIT_FLAG}={self.limit}; {count}"
+        return f"{grown}, first OOM at {oom}; {count}"
+
+    def _global(self, micro_batch: int) -> int:
+        return next(t.global_batch for t in self.trials if t.micro_batch == micro_batch)
+
+    def lines(self) -> list[str]:
+        """The headline and the per-size table, sizes ascending."""
+        rows = (_row(t) for t in sorted(self.trials, key=lambda t: t.micro_batch))
+        header = ("micro_batch", "global_batch", "status", "samples/s", "peak MiB")
+        return [f"{self.scenario.id}: {self.headline()}", *("  " + line for line in table(header, rows))]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.scenario.id,
+            "group": self.scenario.group,
+            "config": self.scenario.to_config(),
+            "outcome": self.outcome,
+            "start": self.start,
+            "limit": self.limit,
+            "largest_fitting": self.largest_fitting,
+            "first_oom": self.first_oom,
+            "message": self.headline(),
+            "trials": [t.to_json() for t in self.trials],
+        }
+
+
+def _row(trial: Trial) -> tuple[str, ...]:
+    rate = trial.samples_per_s
+    throughput = f"{rate.mean:.2f} +/- {rate.std:.2f}" if rate else "-"
+    peak = f"{trial.peak_mem_mib:.0f}" if trial.peak_mem_mib is not None else "-"
+    return (str(trial.micro_batch), str(trial.global_batch), trial.status, throughput, peak)
+
+
+# -- running trials through the session ---------------------------------------------
+def trial_runner(session: PerfSession, scenario: Scenario) -> RunTrial:
+    """Launch ``scenario`` (resolved) at a given micro-batch, keeping its
+    gradient accumulation per step: global = micro x grad_accum x dp ranks."""
+    per_micro = scenario.grad_accum * scenario.data_parallel_size
+
+    def run(micro_batch: int) -> Trial:
+        global_batch = micro_batch * per_micro
+        try:
+            sized = dataclasses.replace(scenario, micro_batch=micro_batch, global_batch=global_batch)
+        except ScenarioError as exc:
+            return Trial(micro_batch, global_batch, "invalid", message=str(exc))
+        # The session's own launch path (repeats included), without judging or
+        # recording: the trial is a measurement, not a verdict.
+        return trial_of(micro_batch, global_batch, session._measure(sized))
+
+    return run
+
+
+def trial_of(micro_batch: int, global_batch: int, measurement: Measurement) -> Trial:
+    metrics, outcome = measurement.metrics, measurement.outcome
+    wall_s = sum(launch.wall_s for launch in measurement.launches)
+    if outcome.status == "ok" and metrics is not None:
+        peak = metrics.value("peak_mem_mib") if "peak_mem_mib" in metrics.values else None
+        return Trial(micro_batch, global_batch, "ok", metrics.summary("samples_per_s"), peak, wall_s=wall_s)
+    why = outcome.failure.describe() if outcome.failure else outcome.skip_reason
+    return Trial(micro_batch, global_batch, outcome.status, message=why, wall_s=wall_s)
+
+
+def resolved_here(session: PerfSession, scenario: BaseScenario) -> tuple[BaseScenario, str]:
+    """``scenario`` as the session's own run launches it on this profile and
+    machine, and why it gets no search here ("" if it does)."""
+    resolved = scenario.resolve(session.profile.variant_keys)
+    fitted = fit_to_hardware(resolved, session.profile, session.fingerprint, session._topology(resolved))
+    if not isinstance(fitted, Scenario):
+        return fitted, f"{FLAG} searches the micro-batch of train scenarios; this is a {fitted.kind} scenario"
+    return fitted, session._precondition(fitted)
+
+
+def find_max_batch(session: PerfSession, scenario: BaseScenario, config: pytest.Config) -> MaxBatchResult:
+    """Search ``scenario`` once per session and pass, fail or skip the calling test by the outcome."""
+    results = config.stash.setdefault(RESULTS_KEY, {})
+    if scenario.id not in results:
+        resolved, why = resolved_here(session, scenario)
+        if why or not isinstance(resolved, Scenario):
+            pytest.skip(f"{scenario.id}: {why}")
+        start = config.getoption(START_FLAG) or resolved.micro_batch
+        limit = config.getoption(LIMIT_FLAG)
+        trials = MaxBatchSearch(start, limit, trial_runner(session, resolved)).run()
+        results[scenario.id] = MaxBatchResult(resolved, min(start, limit), limit, trials)
+    result = results[scenario.id]
+    _decide(result)
+    return result
+
+
+def _decide(result: MaxBatchResult) -> None:
+    stop = result.stopped_by
+    if stop is None:
+        return
+    where = f"{result.scenario.id}: max-batch search stopped at micro-batch {stop.micro_batch}"
+    if stop.status == "skipped":
+        pytest.skip(f"{where}: skipped: {stop.message}")
+    pytest.fail(f"{where}: {stop.status} (not an OOM): {stop.message}", pytrace=False)
+
+
+# -- command line, summary, results file -------------------------------------------------
+def add_options(group: Any) -> None:
+    group.addoption(
+        FLAG,
+        action="store_true",
+        help="instead of judging train scenarios against baselines, find the largest micro-batch that "
+        "fits in memory (real OOMs, fresh ranks per trial; reads and writes no baseline)",
+    )
+    group.addoption(
+        START_FLAG, metavar="N", type=int, help=f"{FLAG}: first micro-batch tried (default: the scenario's own)"
+    )
+    group.addoption(
+        LIMIT_FLAG,
+        metavar="N",
+        type=int,
+        default=DEFAULT_LIMIT,
+        help=f"{FLAG}: largest micro-batch tried (default {DEFAULT_LIMIT})",
+    )
+
+
+def check_options(config: pytest.Config) -> None:
+    """Usage errors in the max-batch flags, naming the flag and the fix."""
+    start, limit = config.getoption(START_FLAG), config.getoption(LIMIT_FLAG)
+    if not config.getoption(FLAG):
+        if start is not None or limit != DEFAULT_LIMIT:
+            raise pytest.UsageError(f"{START_FLAG} and {LIMIT_FLAG} only apply with {FLAG}: add {FLAG}")
+        return
+    for flag in ("--perf-update-baselines", "--perf-calibrate"):
+        if config.getoption(flag):
+            raise pytest.UsageError(
+                f"{FLAG} reads and writes no baseline, so it cannot be combined with {flag}: run them separately"
+            )
+    if limit < 1:
+        raise pytest.UsageError(f"{LIMIT_FLAG} must be >= 1, got {limit}")
+    if start is not None and not 1 <= start <= limit:
+        raise pytest.UsageError(f"{START_FLAG} must be between 1 and {LIMIT_FLAG}={limit}, got {start}")
+
+
+def enabled(config: pytest.Config) -> bool:
+    return bool(config.getoption(FLAG))
+
+
+def results_of(config: pytest.Config) -> list[MaxBatchResult]:
+    return list(config.stash.get(RESULTS_KEY, {}).values())
+
+
+def summary_lines(results: Iterable[MaxBatchResult]) -> list[str]:
+    return [line for result in results for line in result.lines()]
+
+
+def nothing_searched(config: pytest.Config) -> str:
+    """Why a max-batch session measured nothing ("" if some trial trained or OOMed)."""
+    results = results_of(config)
+    if any(t.status in ("ok", "oom") for r in results for t in r.trials):
+        return ""
+    return (
+        f"{FLAG}: no train scenario ran a trial here (other kinds and scenarios that cannot run skip), "
+        "so this run found nothing and exits non-zero"
+    )
+
+
+def results_json(config: pytest.Config) -> Mapping[str, Any]:
+    """The results file's extra top-level key in this mode."""
+    return {"max_batch": [r.to_json() for r in results_of(config)]} if enabled(config) else {}
+
+
+__all__ = ["MaxBatchResult", "MaxBatchSearch", "Trial", "find_max_batch"]

@@ -1,0 +1,132 @@
+"""The microbench and membw kinds: FLOP counting, validation, agreement with a
+plain timed torch.matmul loop, the best-shape search and same-session ceilings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import CPU_PROFILE
+
+from perfsuite import DeviceCopy, Microbench, ScenarioError
+from perfsuite.workloads.microbench import layer_flops, matmul_flops
+
+
+def test_layer_flops_follow_the_seed_sources_counting() -> None:
+    b, s, h = 128, 128, 1024  # BERT-large layer at the seed's best row
+    ffn, attention = 16 * b * s * h * h, 4 * b * h * s * s + 8 * b * s * h * h
+    assert layer_flops("bert", "fwd", b, s, h, 4 * h) == ffn + attention
+    assert layer_flops("bert", "fwd_bwd", b, s, h, 4 * h) == 3 * (ffn + attention)
+    assert layer_flops("t5_decoder", "fwd", b, s, h, 4 * h) == ffn + 2 * attention  # self + cross
+    assert matmul_flops(8192, 8192, 8192) == 2 * 8192**3
+
+
+def test_work_per_step_and_config_name_the_formula() -> None:
+    scenario = Microbench("m", "mm", op="matmul", dtype="bf16", shape=(64, 32, 16), iterations=5)
+    assert scenario.step_work() == {"tflops": 5 * 2 * 64 * 32 * 16 / 1e12}
+    assert "2*m*n*k" in scenario.to_config()["flops_formula"]
+    copy = DeviceCopy("m", "copy", size_bytes=2**30, iterations=3)
+    assert copy.step_work() == {"mem_gbps": 3 * 2 * 2**30 / 1e9}  # read + written
+    assert "bytes read + bytes written" in copy.to_config()["bytes_formula"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"op": "fft"}, "op"),
+        ({"op": "matmul", "shape": (8, 8)}, "shape"),
+        ({"op": "matmul", "world_size": 2}, "world_size"),
+        ({"op": "vector_mul", "shape": (8,), "dtype": "tf32"}, "dtype"),
+        ({"op": "matmul", "search": ((8, 8, 8),)}, "search"),
+        ({"op": "matmul_best"}, "search"),
+        ({"op": "layer", "shape": (2, 8, 64, 4, 256), "layer": "lstm"}, "layer"),
+        ({"op": "layer", "shape": (2, 8, 64, 5, 256), "layer": "bert"}, "shape"),  # heads do not divide hidden
+    ],
+)
+def test_bad_microbench_names_the_field(fields: dict[str, object], field: str) -> None:
+    with pytest.raises(ScenarioError, match=f"field '{field}'"):
+        Microbench("m", "x", **fields)  # type: ignore[arg-type]
+
+
+def test_gpu_only_math_modes_skip_on_cpu_saying_why() -> None:
+    assert "CUDA tensor-core math mode" in Microbench("m", "a", dtype="tf32").precondition("cpu")
+    assert "compute capability 8.9" in Microbench("m", "b", dtype="fp8").precondition("cpu")
+    assert Microbench("m", "c", dtype="fp8").precondition("cuda") == ""  # decided on the rank, by the GPU
+
+
+N, ITERATIONS = 384, 10
+PLAIN_LOOP = textwrap.dedent(
+    f"""
+    import statistics, time, torch
+    n, iterations = {N}, {ITERATIONS}
+    a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    for _ in range(3):
+        torch.matmul(a, b, out=out)
+    rates = []
+    for _ in range(10):
+        start = time.perf_counter()
+        for _ in range(iterations):
+            torch.matmul(a, b, out=out)
+        rates.append(2 * n**3 * iterations / (time.perf_counter() - start) / 1e12)
+    print(statistics.fmean(rates))
+    """
+)
+MODULE = textwrap.dedent(
+    f"""
+    from perfsuite import Microbench, ModelSpec, Scenario, parametrize
+
+    TINY = ModelSpec("gpt2", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
+    SCENARIOS = [
+        # Declared first, run last: ceilings are measured before training scenarios.
+        Scenario("train", "fp32", TINY, world_size=1, micro_batch=4, global_batch=4, seq_len=32,
+                 warmup_steps=1, steps=3),
+        Microbench("mb", "matmul_fp32", op="matmul", dtype="fp32", shape=({N}, {N}, {N}),
+                   iterations={ITERATIONS}, warmup_steps=3, steps=10),
+        Microbench("mb", "best_fp32", op="matmul_best", dtype="fp32", search=((64, 64, 64), ({N}, {N}, {N})),
+                   iterations={ITERATIONS}, warmup_steps=1, steps=3),
+    ]
+
+    @parametrize(SCENARIOS)
+    def test_bench(perf, scenario):
+        perf.check(scenario)
+    """
+)
+
+
+def plain_matmul_tflops() -> float:
+    out = subprocess.run([sys.executable, "-c", PLAIN_LOOP], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+def test_microbench_matmul_agrees_with_a_plain_matmul_loop_and_sets_the_ceiling(project: pytest.Pytester) -> None:
+    project.makepyfile(test_bench=MODULE)
+    out = project.path / "r.json"
+    before = plain_matmul_tflops()
+    result = project.runpytest_subprocess(CPU_PROFILE, f"--perf-json={out}", "-p", "no:cacheprovider", "-v")
+    after = plain_matmul_tflops()
+    result.assert_outcomes(skipped=3)  # no baselines: measured, then no_baseline
+    # Ceilings run first whatever the declaration order.
+    result.stdout.re_match_lines([r".*matmul_fp32.*", r".*best_fp32.*", r".*train\.fp32.*"])
+    doc = json.loads(out.read_text())
+    results = {r["id"]: r for r in doc["results"]}
+
+    # The same shape timed by a plain loop before and after (the machine drifts):
+    # perfsuite's figure is within 10% of their mean.
+    plain = (before + after) / 2
+    measured = results["mb.matmul_fp32"]["metrics"]["tflops"]["mean"]
+    assert measured == pytest.approx(plain, rel=0.10), (measured, before, after)
+
+    best = results["mb.best_fp32"]["metrics"]
+    table = best["detail"]["search"]
+    assert [row["shape"] for row in table] == [[64, 64, 64], [N, N, N]]
+    assert best["detail"]["best_shape"] == max(table, key=lambda row: row["tflops"])["shape"]
+
+    ceiling = doc["ceilings"]["fp32"]
+    best_tflops = max(results[i]["metrics"]["tflops"]["mean"] for i in ("mb.matmul_fp32", "mb.best_fp32"))
+    assert ceiling["tflops"] == pytest.approx(best_tflops)
+    fraction = results["train.fp32"]["metrics"]["extra"]["ceiling"]
+    assert fraction["ceiling_tflops"] == ceiling["tflops"] and 0 < fraction["value"] < 1
+    assert fraction["value"] == pytest.approx(fraction["achieved_tflops_per_rank"] / ceiling["tflops"])
