@@ -69,10 +69,14 @@ class Ceilings:
         return {dtype: asdict(ceiling) for dtype, ceiling in sorted(self.best.items())}
 
 
+#: Workload kinds that measure the hardware rather than a stack: they run first.
+CEILING_KINDS = ("microbench", "membw")
+
+
 def is_ceiling_test(params: Mapping[str, Any]) -> bool:
-    """Whether a test's parameters make it a scenario that can set a ceiling."""
+    """Whether a test's parameters make it a hardware-ceiling scenario."""
     scenario = params.get("scenario")
-    return getattr(scenario, "kind", None) == "microbench"
+    return getattr(scenario, "kind", None) in CEILING_KINDS
 
 
 def ceilings_first(items: Sequence[Any]) -> list[Any]:
