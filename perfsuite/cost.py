@@ -33,9 +33,11 @@ def cost_of(
     config: Mapping[str, Any], values: Mapping[str, float], health: Iterable[Mapping[str, Any]],
     price: float | None, currency: str,
 ) -> dict[str, Any] | None:  # fmt: skip
-    """Cost figures of one training result (``values``: metric name -> mean), None if it has no samples/s."""
+    """Cost figures of one training result (``values``: metric name -> mean); None
+    without samples/s, or with neither a price nor an energy counter."""
     samples_per_s = values.get("samples_per_s")
-    if not samples_per_s:
+    energy = [rank["energy_j"] for rank in health if rank.get("energy_j") is not None]
+    if not samples_per_s or (price is None and not energy):
         return None
     gpus = int(config["world_size"])
     cost: dict[str, Any] = {"gpus": gpus}
@@ -45,7 +47,6 @@ def cost_of(
         cost["per_million_samples"] = per_second / samples_per_s * 1e6
         if values.get("tokens_per_s"):
             cost["per_million_tokens"] = per_second / values["tokens_per_s"] * 1e6
-    energy = [rank["energy_j"] for rank in health if rank.get("energy_j") is not None]
     samples_measured = config.get("global_batch", 0) * config.get("steps", 0)
     if energy and samples_measured:
         # Every rank's GPU, over the measured steps, per sample those steps trained.
@@ -96,12 +97,12 @@ def rank(entries: Iterable[Entry]) -> dict[str, Any]:
 
 
 def ranking(results: Iterable[Any], job: Job | None) -> dict[str, dict[str, Any]]:
-    """Per group, its measured configurations ranked (results with ``metrics.extra.cost``)."""
+    """Per group, its measured training configurations ranked (by time always, by cost when priced)."""
     groups: dict[str, list[Entry]] = {}
     for result in results:
-        cost = result.extra_metrics.get("cost") if result.metrics is not None else None
-        if not cost:
+        if result.metrics is None or "samples_per_s" not in result.metrics.values:
             continue
+        cost = result.extra_metrics.get("cost") or {"gpus": result.scenario.world_size}
         samples_per_s = result.metrics.value("samples_per_s")
         entry = Entry(result.scenario.id, samples_per_s, cost, estimate(cost, samples_per_s, job) if job else None)
         groups.setdefault(result.scenario.group, []).append(entry)

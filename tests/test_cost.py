@@ -31,6 +31,7 @@ def test_energy_per_sample_from_every_ranks_counter_and_nothing_without_a_rate()
     assert cost is not None and "per_million_samples" not in cost  # no price, no money
     assert cost["energy_j_per_sample"] == pytest.approx(4000 / (128 * 10))
     assert cost_of(V100, {"tflops": 3.0}, [], 5.3, "CNY") is None
+    assert cost_of(V100, {"samples_per_s": 10.0}, [], None, "USD") is None  # nothing to say
 
 
 @dataclass
@@ -42,11 +43,12 @@ class Fake:
     @property
     def scenario(self) -> Any:
         group, name = self.id.split(".")
-        return type("S", (), {"id": self.id, "group": group, "name": name})()
+        return type("S", (), {"id": self.id, "group": group, "name": name, "world_size": 1})()
 
     @property
     def metrics(self) -> Any:
-        return type("M", (), {"value": lambda _, name: self.samples_per_s})()
+        values = {"samples_per_s": self.samples_per_s}
+        return type("M", (), {"values": values, "value": lambda _, name: values[name]})()
 
 
 def test_a_group_is_ranked_by_cost_and_by_time() -> None:
@@ -61,6 +63,9 @@ def test_a_group_is_ranked_by_cost_and_by_time() -> None:
     assert [e["id"] for e in ranked["by_cost"]] == ["c2.gpu1_bs8_fp16", "c2.gpu4_bs8_fp16"]
     assert [e["id"] for e in ranked["by_time"]] == ["c2.gpu4_bs8_fp16", "c2.gpu1_bs8_fp16"]
     assert ranked["by_cost"][0]["job"]["cost"] == pytest.approx(4096 / 23.419 / 3600 * 5.3)
+    unpriced = ranking([four, Fake("c2.gpu2_bs8_fp16", 30.0)], None)["c2"]
+    assert [e["id"] for e in unpriced["by_cost"]] == ["c2.gpu4_bs8_fp16"]  # only the priced one
+    assert [e["id"] for e in unpriced["by_time"]] == ["c2.gpu2_bs8_fp16", "c2.gpu4_bs8_fp16"]
 
 
 MODULE = textwrap.dedent(

@@ -158,6 +158,7 @@ def test_a_registered_metric_of_a_new_kind_is_recorded_and_gated(pytester: pytes
 def test_user_extra_metrics_run_beside_the_default_mfu(pytester: pytest.Pytester) -> None:
     """MFU is perfsuite's own implementation of the extra-metrics hook, so a
     user's implementation no longer replaces it (or is skipped because of it)."""
+    from perfsuite.ceilings import Ceilings
     from perfsuite.compare import Judgement
     from perfsuite.profiles import gpu_profile
     from perfsuite.session import ScenarioResult
@@ -177,6 +178,7 @@ def test_user_extra_metrics_run_beside_the_default_mfu(pytester: pytest.Pytester
         result=result,
         fingerprint={"gpus": [{"name": "NVIDIA H100 80GB HBM3"}]},
         profile=gpu_profile("nvidia-h100-80gb-hbm3-x1"),
+        ceilings=Ceilings(),
     )
     merged = {k: v for extra in found if extra for k, v in extra.items()}
     assert merged["mine"] == "g.n"
