@@ -13,7 +13,7 @@ percentage of the datasheet peak (``metrics.extra.peak``), and the best
 matmul per dtype becomes this session's ceiling (``ceilings`` in the results).
 
 cpu runs tiny shapes on one rank: fp32 and bf16 (tf32 and fp8 are GPU math
-modes; fp16 has no fast cpu kernels), layers in fp32.
+modes; fp16 has no fast cpu kernels), layers forward+backward in fp32.
 """
 
 from perfsuite import DeviceCopy, Microbench, Relation, parametrize, parametrize_relations
@@ -67,6 +67,9 @@ def layer(name: str, layer_pass: str) -> Microbench:
     return Microbench(
         "microbench", f"{name}_layer_{layer_pass}", op="layer", layer=name, layer_pass=layer_pass, dtype="fp16",
         shape=LAYER_SHAPES[name], iterations=5, **MEASURE,
+        # On cpu forward+backward (which runs the forward too) is enough to
+        # exercise each block: a row costs 6-7 s there, mostly imports.
+        only_on=("cuda",) if layer_pass == "fwd" else (),
         variants={"cpu": {"shape": CPU_LAYER, "dtype": "fp32", "iterations": 3, **CPU_MEASURE}},
         reference=f"C1 {name} layer {layer_pass.replace('_', '+')} (fp16)",
     )  # fmt: skip

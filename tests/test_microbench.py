@@ -103,6 +103,7 @@ def plain_matmul_tflops() -> float:
     return float(out.stdout.strip())
 
 
+@pytest.mark.serial  # a 10% timing comparison: nothing else may run beside it
 def test_microbench_matmul_agrees_with_a_plain_matmul_loop_and_sets_the_ceiling(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=MODULE)
     out = project.path / "r.json"
