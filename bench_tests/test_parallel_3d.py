@@ -78,6 +78,7 @@ def row(
                 "global_batch": 2 * MICROBATCHES * cpu_dp,
                 "seq_len": 64,
                 "warmup_steps": 2,
+                "max_warmup_steps": 4,  # CI budget: tp rows cost up to 1 s per cpu step
                 "steps": 6,
             }
         },

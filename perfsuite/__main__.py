@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("-k", dest="keyword", required=True, help="pytest -k expression (one scenario is best)")
     selftest.add_argument("--levels", default="0,25,50,100", help="slowdowns in %% (default 0,25,50,100)")
     selftest.add_argument("--trials", type=int, default=10, help="runs per level (default 10)")
+    selftest.add_argument(
+        "--ab",
+        metavar="BASE,CANDIDATE",
+        help="test the interleaved A/B instead of the stored-baseline gate: the slowdown is planted in the "
+        "candidate (pass --perf-env and --perf-repeats through)",
+    )
     doctor = commands.add_parser("doctor", help="check this machine: engines, scenarios that would run, smoke runs")
     doctor.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
     doctor.add_argument("-k", dest="keyword", help="pytest -k expression selecting scenarios")
@@ -65,10 +71,12 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
         for level in levels:
             caught = unreliable = 0
             for _ in range(ns.trials):
+                plant = [f"--perf-ab={ns.ab}", f"--perf-ab-inject-slowdown={level}"] if ns.ab else [
+                    f"--perf-inject-slowdown={level}"]  # fmt: skip
                 cmd = [sys.executable, "-m", "pytest", *ns.paths, "-k", ns.keyword, "-q", "-p", "no:cacheprovider",
-                       f"--perf-inject-slowdown={level}", f"--perf-json={out}", *extra]  # fmt: skip
+                       *plant, f"--perf-json={out}", *extra]  # fmt: skip
                 code = subprocess.run(cmd, capture_output=True, check=False).returncode
-                verdicts = trial_verdicts(out, cmd, code)
+                verdicts = ab_verdicts(out, cmd, code) if ns.ab else trial_verdicts(out, cmd, code)
                 caught += "regression" in verdicts
                 unreliable += "unreliable" in verdicts
             note = f", unreliable {unreliable}" if unreliable else ""
@@ -89,6 +97,16 @@ def trial_verdicts(path: Path, cmd: list[str], code: int) -> list[str]:
         why = "; ".join(f"{r['id']}: {r['verdict']}: {r['message']}" for r in results) or "no scenario selected"
         raise SystemExit(f"perfsuite selftest: nothing was measured, so there is no gate to test ({why})")
     return [r["verdict"] for r in measured]
+
+
+def ab_verdicts(path: Path, cmd: list[str], code: int) -> list[str]:
+    """Verdicts of the A/B comparisons one trial made; refuses a trial that compared nothing."""
+    if code not in (0, 1) or not path.exists():
+        raise SystemExit(f"perfsuite selftest: pytest exited {code} (not pass/fail): {' '.join(cmd)}")
+    compared = [r for r in json.loads(path.read_text()).get("ab", []) if r["comparisons"]]
+    if not compared:
+        raise SystemExit(f"perfsuite selftest: the A/B compared nothing: {' '.join(cmd)}")
+    return [r["verdict"] for r in compared]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from perfsuite import hookspecs, maxbatch
+from perfsuite import abtest, hookspecs, maxbatch
 from perfsuite.baselines import BaselineError
 from perfsuite.ceilings import Ceilings, ceilings_first
 from perfsuite.compare import FAILING, MetricCheck, check_metric
 from perfsuite.cost import Job, cost_of, ranking, ranking_lines
+from perfsuite.envs import PythonEnv
 from perfsuite.fingerprint import foreign_gpu_processes, machine_fingerprint
 from perfsuite.flops import mfu, of_peak
 from perfsuite.launch import Launcher
@@ -46,6 +47,7 @@ from perfsuite.session import PerfSession, RunSettings, ScenarioResult
 from perfsuite.workloads.base import BaseScenario
 
 SESSION_KEY = pytest.StashKey["PerfSession"]()
+ENVS_KEY = pytest.StashKey[dict[str, PythonEnv]]()
 PROFILE_KEY = pytest.StashKey[HardwareProfile]()
 FINGERPRINT_KEY = pytest.StashKey[dict]()
 LAUNCHER_KEY = pytest.StashKey[Launcher]()
@@ -148,6 +150,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--perf-repeats launches (3 sigma); see 'python -m perfsuite calibrate'",
     )
     maxbatch.add_options(group)  # --perf-find-max-batch and its bounds
+    abtest.add_options(group)  # --perf-env, --perf-ab and its tolerance and self-test
     group.addoption(
         "--perf-gpu-hour-price",
         metavar="PRICE",
@@ -187,6 +190,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--perf-calibrate") and config.getoption("--perf-repeats") < 2:
         raise pytest.UsageError("--perf-calibrate needs --perf-repeats N with N >= 2 to see the spread")
     maxbatch.check_options(config)
+    config.stash[ENVS_KEY] = abtest.check_options(config)
     _job(config)  # fail fast on a malformed --perf-job
     if config.getoption("--perf-profile"):
         _profile(config)  # fail fast on an unknown profile name
@@ -320,6 +324,7 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     config = request.config
     if SESSION_KEY not in config.stash:
         baselines = config.getoption("--perf-baselines")
+        envs: dict[str, PythonEnv] = config.stash[ENVS_KEY]
         settings = RunSettings(
             profile=_profile(config),
             baselines_dir=Path(baselines) if baselines else config.rootpath / "baselines",
@@ -331,6 +336,7 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             confirm=config.getoption("--perf-confirm"),
             slowdown_pct=config.getoption("--perf-inject-slowdown"),
             calibrate=config.getoption("--perf-calibrate"),
+            envs=envs,
         )
         _check_gpus_idle(config)
         launcher = config.stash[LAUNCHER_KEY]
@@ -394,6 +400,9 @@ class Perf:
         if maxbatch.enabled(self.request.config):
             maxbatch.find_max_batch(self.session, scenario, self.request.config)
             return None
+        if abtest.enabled(self.request.config):
+            abtest.check(self.session, scenario, self.request.config)
+            return None
         result = self.run(scenario)
         verdict, message = result.verdict, result.judgement.message
         if result.judgement.stack_changes:
@@ -407,7 +416,7 @@ class Perf:
                 pytest.fail(f"{scenario.id}: UNRELIABLE: {message}", pytrace=False)
             pytest.skip(f"{scenario.id}: UNRELIABLE (not judged): {message}")
         if verdict == "no_baseline":
-            path = self.session.store.path(scenario.group)
+            path = self.session.store_for(self.session.env_of(scenario)).path(scenario.group)
             pytest.skip(
                 f"{scenario.id}: no baseline in {path}; record one with: "
                 f"pytest '{self.request.node.nodeid}' --perf-update-baselines"
@@ -423,6 +432,8 @@ class Perf:
                 f"{relation.id}: relations compare scenarios measured at their own batch; "
                 f"{maxbatch.FLAG} only searches batch sizes, so none is checked"
             )
+        if abtest.enabled(self.request.config):
+            pytest.skip(f"{relation.id}: {abtest.FLAG} compares two environments, not scenarios with each other")
         try:
             outcome = self.session.relation(relation)
         except BaselineError as exc:
@@ -443,6 +454,10 @@ def perf(perf_session: PerfSession, request: pytest.FixtureRequest) -> Perf:
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     if maxbatch.enabled(config):
         _max_batch_summary(terminalreporter, config)
+    if abtest.results_of(config):
+        terminalreporter.write_sep("-", f"perfsuite A/B ({config.getoption(abtest.FLAG)})")
+        for line in abtest.summary_lines(abtest.results_of(config)):
+            terminalreporter.write_line(line)
     session = config.stash.get(SESSION_KEY, None)
     if session is None or not session.results:
         return
@@ -499,6 +514,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if maxbatch.enabled(config) and maxbatch.nothing_searched(config) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    compared = [r for r in abtest.results_of(config) if r.comparisons]
+    if abtest.enabled(config) and not compared and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # an A/B that compared nothing proves nothing
     if not path:
         return
     fingerprint = perf.current_fingerprint() if perf else _fingerprint(config)
@@ -515,5 +533,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         ceilings=ceilings,
         ranking=ranked,
         **maxbatch.results_json(config),
+        **({"ab": [r.to_json() for r in abtest.results_of(config)]} if abtest.enabled(config) else {}),
     )
     write_results(Path(path), document)

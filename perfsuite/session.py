@@ -27,7 +27,8 @@ from perfsuite.compare import (
     judge_outcome,
     resolve_tolerances,
 )
-from perfsuite.fingerprint import stack_changes
+from perfsuite.envs import CURRENT, PythonEnv, build_hint, parse_envs
+from perfsuite.fingerprint import stack_changes, tracked_packages
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
 from perfsuite.launch.torchrun import LocalTorchrun, Topology, TopologyError, TorchrunLauncher
 from perfsuite.profiles import HardwareProfile
@@ -58,6 +59,7 @@ class RunSettings:
     confirm: int = 1  # extra measurements an apparent regression must survive
     slowdown_pct: float = 0.0  # planted extra work per step (gate self-test)
     calibrate: bool = False  # write recommended tolerances into the baselines
+    envs: Mapping[str, PythonEnv] = field(default_factory=lambda: parse_envs([]))  # named interpreters
 
 
 @dataclass(frozen=True)
@@ -147,11 +149,13 @@ class PerfSession:
         self.compare = compare
         self.extra_metrics = extra_metrics
         self.store = BaselineStore(settings.baselines_dir, settings.profile.name)
+        self._stores: dict[str, BaselineStore] = {CURRENT: self.store}
         self.results: dict[str, ScenarioResult] = {}
         self.relations: dict[str, RelationOutcome] = {}
         self.runtime: dict[str, Any] = {}  # rank 0's torch/CUDA/NCCL builds, once seen
         self.nodes: dict[str, dict[str, Any]] = {}  # host -> ranks seen there and its runtime
         self.ceilings = Ceilings()  # best matmul TFLOP/s per dtype measured so far
+        self.env_runtime: dict[str, dict[str, Any]] = {}  # rank 0's builds per named environment
         self._emulators: dict[int, TorchrunLauncher] = {}
         self._workroot = settings.workdir or Path(tempfile.mkdtemp(prefix="perfsuite-"))
 
@@ -159,14 +163,32 @@ class PerfSession:
     def profile(self) -> HardwareProfile:
         return self.settings.profile
 
-    def current_fingerprint(self) -> dict[str, Any]:
+    def current_fingerprint(self, env: str = CURRENT) -> dict[str, Any]:
         fingerprint = {**self.fingerprint, "runtime": self.runtime}
         if len(self.nodes) > 1:
             fingerprint["nodes"] = self.nodes
+        if env != CURRENT:
+            # Another interpreter: its own Python and packages (the machine is the same).
+            probed = self.settings.envs[env].probe(tracked_packages())
+            fingerprint.update(probed, env=env, runtime=self.env_runtime.get(env, {}))
         return fingerprint
 
-    def _note_nodes(self, outcome: LaunchOutcome) -> None:
-        """Remember each node's runtime (reported by its local rank 0)."""
+    def env_of(self, scenario: BaseScenario) -> str:
+        return scenario.env or CURRENT
+
+    def store_for(self, env: str) -> BaselineStore:
+        """Baselines of ``env``: its own folder, ``<profile>@<env>``, so stacks never mix."""
+        if env not in self._stores:
+            self._stores[env] = BaselineStore(self.settings.baselines_dir, f"{self.profile.name}@{env}")
+        return self._stores[env]
+
+    def _note_nodes(self, outcome: LaunchOutcome, env: str = CURRENT) -> None:
+        """Remember each node's runtime (reported by its local rank 0); another environment's apart."""
+        if env != CURRENT:
+            runtime = next((dict(r.runtime) for r in outcome.reports if r.rank == 0 and r.runtime), None)
+            if runtime:
+                self.env_runtime[env] = runtime
+            return
         for report in outcome.reports:
             node = self.nodes.setdefault(report.host, {"ranks": []})
             if report.rank not in node["ranks"]:
@@ -215,8 +237,10 @@ class PerfSession:
 
     def _run(self, scenario: BaseScenario) -> ScenarioResult:
         scenario = fit_to_hardware(scenario, self.profile, self.fingerprint, self._topology(scenario))
-        baseline = self.store.get(scenario.group, scenario.id)
         skip = self._precondition(scenario)
+        if skip:
+            return ScenarioResult(scenario, "skipped", Judgement("skipped", skip))
+        baseline = self.store_for(self.env_of(scenario)).get(scenario.group, scenario.id)
         if skip:
             return ScenarioResult(scenario, "skipped", Judgement("skipped", skip), baseline=baseline)
         measurement = self._measure(scenario)
@@ -252,23 +276,50 @@ class PerfSession:
             result.judgement = self._record(scenario, result)
         return result
 
-    def _precondition(self, scenario: BaseScenario) -> str:
+    def _precondition(self, scenario: BaseScenario, env: str | None = None) -> str:
+        env = env or self.env_of(scenario)
+        if env not in self.settings.envs:
+            return f"environment {env!r} is not given{build_hint(env)}"
+        missing = self.settings.envs[env].missing()
+        if missing:
+            return missing
         return launch_precondition(scenario, self.profile, self.fingerprint, self._topology(scenario))
+
+    def prepare(self, scenario: BaseScenario) -> tuple[BaseScenario, str]:
+        """``scenario`` as this profile and machine run it, and why it must skip ("" if it can run)."""
+        resolved = scenario.resolve(self.profile.variant_keys)
+        resolved = fit_to_hardware(resolved, self.profile, self.fingerprint, self._topology(resolved))
+        return resolved, launch_precondition(resolved, self.profile, self.fingerprint, self._topology(resolved))
+
+    def launch_once(
+        self, scenario: BaseScenario, env: str, slowdown_pct: float = 0.0
+    ) -> tuple[str, dict[str, float], str]:
+        """One fresh launch of a prepared scenario in ``env``: status, each metric's value, failure message."""
+        skip = self._precondition(scenario, env)
+        if skip:
+            return "skipped", {}, skip
+        outcome = self.launcher_for(scenario).run(self._job(scenario, env, slowdown_pct))
+        self._note_nodes(outcome, env)
+        if outcome.status != "ok":
+            detail = outcome.skip_reason or (outcome.failure.describe() if outcome.failure else "")
+            return outcome.status, {}, detail
+        metrics = aggregate(outcome.reports, scenario.step_work(), scenario.metrics)
+        return "ok", {name: metrics.value(name) for name in metrics.values}, ""
 
     def _measure(self, scenario: BaseScenario) -> Measurement:
         launches: list[LaunchOutcome] = []
         runs: list[ScenarioMetrics] = []
         work = scenario.step_work()
         for _ in range(self.settings.repeats):
-            outcome = self.launcher_for(scenario).run(self._job(scenario))
+            outcome = self.launcher_for(scenario).run(self._job(scenario, self.env_of(scenario)))
             launches.append(outcome)
-            self._note_nodes(outcome)
+            self._note_nodes(outcome, self.env_of(scenario))
             if outcome.status != "ok":
                 return Measurement(tuple(launches), None)
             runs.append(aggregate(outcome.reports, work, scenario.metrics))
         return Measurement(tuple(launches), pool(runs, scenario.metrics))
 
-    def _job(self, scenario: BaseScenario) -> WorkerJob:
+    def _job(self, scenario: BaseScenario, env: str = CURRENT, slowdown_pct: float | None = None) -> WorkerJob:
         workdir = Path(tempfile.mkdtemp(prefix=f"{scenario.id}-", dir=self._workroot))
         timeout = self.settings.timeout_s or scenario.timeout_s or self.profile.timeout_s
         rank_job = RankJob(
@@ -278,12 +329,14 @@ class PerfSession:
             rank_memory_budget_mib=self.profile.rank_memory_budget_mib,
             device_memory_cap_mib=self.profile.device_memory_cap_mib,
             steady_threshold=self.profile.steady_threshold,
-            slowdown_pct=self.settings.slowdown_pct,
+            slowdown_pct=self.settings.slowdown_pct if slowdown_pct is None else slowdown_pct,
         )
         topology = self._topology(scenario)
         per_node = topology.ranks_per_node(scenario.world_size) if topology else None
         devices = tuple(str(gpu["index"]) for gpu in self.fingerprint.get("gpus") or [])
-        return WorkerJob(rank_job, scenario.world_size, timeout, workdir, self.settings.worker_env, per_node, devices)
+        python = self.settings.envs[env]
+        worker_env = {**self.settings.worker_env, **({} if python.is_current else python.worker_env())}
+        return WorkerJob(rank_job, scenario.world_size, timeout, workdir, worker_env, per_node, devices, python.python)
 
     # -- judgement ------------------------------------------------------------
     def _judge(self, scenario: BaseScenario, measurement: Measurement, baseline: BaselineEntry | None) -> Judgement:
@@ -302,7 +355,7 @@ class PerfSession:
             return Judgement("unreliable", distrust)
         if decided is not None or baseline is None:
             return decided or Judgement("no_baseline", "no baseline recorded")
-        changes = tuple(stack_changes(dict(baseline.fingerprint), self.current_fingerprint()))
+        changes = tuple(stack_changes(dict(baseline.fingerprint), self.current_fingerprint(self.env_of(scenario))))
         primary = metrics.summary(scenario.primary)
         if primary is not None and primary.cv > self.profile.max_cv:
             return Judgement(
@@ -329,18 +382,19 @@ class PerfSession:
             metrics = baseline_metrics(result.metrics)
             if self.settings.calibrate:
                 tolerances, extra["calibration"] = calibrated_tolerances(result.metrics, self._defaults(scenario))
-        entry = self.store.record(
+        store = self.store_for(self.env_of(scenario))
+        entry = store.record(
             scenario.group,
             scenario.id,
             result.status,
             metrics,
-            self.current_fingerprint(),
+            self.current_fingerprint(self.env_of(scenario)),
             tolerances=tolerances,
             extra=extra,
         )
         result.baseline = entry
         what = "baseline and calibrated tolerances" if tolerances else "baseline"
-        return Judgement("recorded", f"{what} recorded in {self.store.path(scenario.group)}")
+        return Judgement("recorded", f"{what} recorded in {store.path(scenario.group)}")
 
     # -- relations ------------------------------------------------------------
     def relation(self, relation: Relation) -> RelationOutcome:

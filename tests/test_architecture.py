@@ -46,6 +46,8 @@ PYTEST_SIDE = (
     "perfsuite.doctor",
     "perfsuite.ceilings",
     "perfsuite.cost",
+    "perfsuite.envs",
+    "perfsuite.abtest",
     "perfsuite.maxbatch",
 )
 Graph = Mapping[str, set[str]]

@@ -70,13 +70,15 @@ def test_a_group_is_ranked_by_cost_and_by_time() -> None:
 
 MODULE = textwrap.dedent(
     """
-    from perfsuite import ModelSpec, Scenario, parametrize
+    from perfsuite import Microbench, ModelSpec, Scenario, parametrize
 
     TINY = ModelSpec("gpt2", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
     SHAPE = dict(micro_batch=4, seq_len=32, warmup_steps=1, steps=3)
     SCENARIOS = [
         Scenario("g", "one", TINY, world_size=1, global_batch=4, **SHAPE),
         Scenario("g", "two", TINY, world_size=2, global_batch=8, **SHAPE),
+        # Declared last, run first: ceilings are measured before training scenarios.
+        Microbench("mb", "fp32", op="matmul", dtype="fp32", shape=(256, 256, 256), warmup_steps=1, steps=3),
     ]
 
     @parametrize(SCENARIOS)
@@ -86,14 +88,15 @@ MODULE = textwrap.dedent(
 )
 
 
-def test_price_from_the_ini_ranks_the_group_in_the_summary_and_results(project: pytest.Pytester) -> None:
+def test_price_from_the_ini_ranks_the_group_and_training_is_set_against_the_ceiling(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=MODULE)
     project.makeini("[pytest]\nperf_gpu_hour_price = 9.3\nperf_currency = CNY\n")
     out = project.path / "r.json"
     result = project.runpytest_subprocess(
         CPU_PROFILE, "--perf-job=2048x2", f"--perf-json={out}", "-p", "no:cacheprovider"
     )
-    result.assert_outcomes(skipped=2)
+    result.assert_outcomes(skipped=3)
+    result.stdout.re_match_lines([r".*mb\.fp32.*", r".*g\.one.*", r".*g\.two.*"])  # the ceiling ran first
     result.stdout.fnmatch_lines(
         [
             "*perfsuite cost and time ranking (9.3 CNY per GPU-hour)*",
@@ -109,6 +112,13 @@ def test_price_from_the_ini_ranks_the_group_in_the_summary_and_results(project: 
     assert {e["id"] for e in order["by_cost"]} == {"g.one", "g.two"}
     costs = [e["cost"] for e in order["by_cost"]]
     assert costs == sorted(costs) and order["by_cost"][0]["job"]["epochs"] == 2
+
+    # Same-session ceiling: each training run against the best fp32 matmul measured before it.
+    ceiling = doc["ceilings"]["fp32"]
+    assert ceiling["scenario"] == "mb.fp32" and ceiling["tflops"] == by_id["mb.fp32"]["metrics"]["tflops"]["mean"]
+    fraction = by_id["g.two"]["metrics"]["extra"]["ceiling"]
+    assert fraction["ceiling_tflops"] == ceiling["tflops"] and fraction["value"] > 0
+    assert fraction["value"] == pytest.approx(fraction["achieved_tflops_per_rank"] / ceiling["tflops"])
 
 
 def test_a_malformed_job_or_price_is_a_usage_error(project: pytest.Pytester) -> None:

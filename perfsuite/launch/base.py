@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ class WorkerJob:
     env: Mapping[str, str] = field(default_factory=dict)
     nproc_per_node: int | None = None  # ranks per node (default: all on one node)
     devices: tuple[str, ...] = ()  # this host's visible GPUs (index or UUID), split among emulated nodes
+    python: str = sys.executable  # interpreter of the agents and ranks (a named environment's)
 
     def node_of(self, rank: int) -> tuple[int, int]:
         """(node, local rank) of a global rank."""

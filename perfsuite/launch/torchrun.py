@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -89,7 +88,7 @@ class TorchrunLauncher(Launcher):
         """``python -m torch.distributed.run ...`` for the agent of one node."""
         nodes, per_node = self.topology.layout(job.world_size)
         return [
-            sys.executable,
+            job.python,
             "-m",
             "torch.distributed.run",
             "--nnodes",

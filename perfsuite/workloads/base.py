@@ -61,6 +61,11 @@ class BaseScenario:
     (mixed precision on one card; sharding from 2 ranks). A GPU profile runs
     ``world_size`` if its GPUs hold it, else the largest of these that fits,
     keeping the work per rank (:meth:`at_world_size`)."""
+    env: str = ""
+    """Named Python environment its ranks run in (``--perf-env NAME=PYTHON``);
+    "" is the interpreter running pytest. Its baselines live apart, under
+    ``baselines/<profile>@<env>/``; without the environment it skips, naming
+    the command that builds it."""
     nodes: int | None = None
     """Nodes the experiment spans (cluster rows name theirs), world_size / nodes
     ranks on each. Slurm places a run on as many of its nodes as the ranks need
@@ -119,6 +124,10 @@ class BaseScenario:
                 self.at_world_size(size)
             except ScenarioError as exc:
                 raise ScenarioError(f"{exc} (at world size {size} of world_sizes)") from None
+        if not isinstance(self.env, str) or (self.env and not _NAME_RE.match(self.env)):
+            raise fail(
+                owner, "env", f"must name an environment (lowercase letters, digits, '_' or '-'), got {self.env!r}"
+            )
         if self.nodes is not None:
             check_int(owner, "nodes", self.nodes, 1)
             if self.world_size % self.nodes:
@@ -179,6 +188,7 @@ class BaseScenario:
             "kind": self.kind,
             "world_size": self.world_size,
             "nodes": self.nodes,
+            "env": self.env or "current",
             "warmup_steps": self.warmup_steps,
             "max_warmup_steps": self.warmup_limit,
             "steps": self.steps,

@@ -1,0 +1,254 @@
+"""Interleaved A/B of two Python environments: is the candidate stack slower or hungrier?
+
+``--perf-ab BASE,CANDIDATE`` runs each selected scenario alternately in both
+environments (A B A B ..., fresh ranks every launch, ``--perf-repeats``
+pairs), on the same machine in the same minutes, so slow drift of the runner
+hits both sides alike. Each pair gives the candidate's per-launch mean
+relative to the base's launch next to it; a one-sided paired t-test on those
+ratios (scipy) asks whether the candidate is worse, and a t-interval gives the
+difference with its 95% confidence interval. The scenario's test fails when
+the candidate is significantly worse (p < 0.05) by more than the tolerance
+(``--perf-ab-tolerance``, default 5%) in its headline throughput or its peak
+memory. No baseline is read or written. Pytest side, torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import pytest
+from scipy import stats as scipy_stats
+
+from perfsuite import metrics as registry
+from perfsuite.envs import EnvError, PythonEnv, parse_ab, parse_envs
+from perfsuite.report import table
+from perfsuite.session import PerfSession
+from perfsuite.workloads.base import BaseScenario
+
+ALPHA = 0.05
+CONFIDENCE = 0.95
+Outcome = Literal["pass", "regression", "improved"]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One metric of the candidate against the base over the pairs."""
+
+    metric: str
+    base: tuple[float, ...]
+    """The base's per-launch value of each pair."""
+    candidate: tuple[float, ...]
+    """The candidate's, same order."""
+    change: float
+    """Mean of candidate / base - 1 over the pairs (+5% = 5% higher)."""
+    ci_low: float
+    ci_high: float
+    """95% t-interval of that mean."""
+    p_worse: float
+    """One-sided paired t-test p-value of "the candidate is worse"."""
+    tolerance: float
+    """Worse by more than this (relative) and significant: a regression."""
+    outcome: Outcome
+
+    def describe(self) -> str:
+        unit = registry.get(self.metric).unit
+        return (
+            f"{self.metric}: {self.change:+.1%} (95% CI {self.ci_low:+.1%} .. {self.ci_high:+.1%}, "
+            f"p(worse) = {self.p_worse:.3g}, {len(self.base)} pairs, base mean "
+            f"{statistics.fmean(self.base):.4g} {unit}, tolerance {self.tolerance:.0%})"
+        )
+
+
+def compare(metric: str, base: Sequence[float], candidate: Sequence[float], tolerance: float) -> Comparison:
+    """Paired comparison of per-launch values (at least 2 pairs)."""
+    ratios = [c / b - 1 for b, c in zip(base, candidate, strict=True)]
+    n, mean = len(ratios), statistics.fmean(ratios)
+    spread = statistics.stdev(ratios) if n > 1 else math.inf
+    if spread <= 1e-9 * max(1.0, abs(mean)):
+        spread = 0.0  # identical ratios (up to rounding): no noise to test against
+    half = float(scipy_stats.t.ppf((1 + CONFIDENCE) / 2, n - 1)) * spread / math.sqrt(n) if n > 1 else math.inf
+    higher = registry.get(metric).direction == "higher"
+    if spread == 0:
+        p_worse = 0.0 if (mean < 0) == higher and mean != 0 else 1.0
+        p_better = 0.0 if (mean > 0) == higher and mean != 0 else 1.0
+    else:
+        worse, better = ("less", "greater") if higher else ("greater", "less")
+        p_worse = float(scipy_stats.ttest_1samp(ratios, 0.0, alternative=worse).pvalue)
+        p_better = float(scipy_stats.ttest_1samp(ratios, 0.0, alternative=better).pvalue)
+    loss = -mean if higher else mean  # > 0: the candidate is worse
+    outcome: Outcome = "pass"
+    if p_worse < ALPHA and loss > tolerance:
+        outcome = "regression"
+    elif p_better < ALPHA and -loss > tolerance:
+        outcome = "improved"
+    return Comparison(
+        metric, tuple(base), tuple(candidate), mean, mean - half, mean + half, p_worse, tolerance, outcome
+    )
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch of the scenario in one environment."""
+
+    env: str
+    pair: int
+    status: str
+    values: dict[str, float] = field(default_factory=dict)
+    message: str = ""
+
+
+@dataclass
+class ABResult:
+    """A scenario's A/B: every launch in order and the comparisons."""
+
+    id: str
+    base: str
+    candidate: str
+    launches: list[Launch] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)
+    verdict: str = "pass"
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "base": self.base,
+            "candidate": self.candidate,
+            "verdict": self.verdict,
+            "message": self.message,
+            "launches": [asdict(launch) for launch in self.launches],
+            "comparisons": [asdict(c) for c in self.comparisons],
+        }
+
+
+#: Runs the scenario once in the named environment: (status, metric values, message).
+RunOnce = Callable[[str], tuple[str, dict[str, float], str]]
+
+
+def run_ab(
+    scenario_id: str, metrics: Sequence[str], run_once: RunOnce, base: str, candidate: str, pairs: int,
+    tolerances: dict[str, float],
+) -> ABResult:  # fmt: skip
+    """``pairs`` x (base, candidate) launches, alternating, then the comparisons of ``metrics``."""
+    result = ABResult(scenario_id, base, candidate)
+    for pair in range(pairs):
+        for env in (base, candidate):
+            status, values, message = run_once(env)
+            result.launches.append(Launch(env, pair, status, values, message))
+            if status != "ok":
+                result.verdict = "skipped" if status == "skipped" else "error"
+                result.message = f"{env} launch {pair + 1} {status}: {message}"
+                return result
+    for metric in metrics:
+        got = [(launch.env, launch.values[metric]) for launch in result.launches if metric in launch.values]
+        base_values = [v for env, v in got if env == base]
+        cand_values = [v for env, v in got if env == candidate]
+        if len(base_values) == len(cand_values) == pairs:
+            result.comparisons.append(compare(metric, base_values, cand_values, tolerances[metric]))
+    worse = [c for c in result.comparisons if c.outcome == "regression"]
+    result.verdict = "regression" if worse else "pass"
+    shown = worse or result.comparisons
+    result.message = f"{candidate} vs {base}: " + "; ".join(c.describe() for c in shown)
+    return result
+
+
+def summary_lines(results: Sequence[ABResult]) -> list[str]:
+    rows: list[tuple[str, ...]] = []
+    for r in results:
+        for c in r.comparisons:
+            cells = (r.id, c.metric, f"{c.change:+.1%}", f"{c.ci_low:+.1%} .. {c.ci_high:+.1%}", f"{c.p_worse:.3g}")
+            rows.append((*cells, c.outcome))
+        if not r.comparisons:
+            rows.append((r.id, "-", "-", "-", "-", f"{r.verdict}: {r.message[:60]}"))
+    return table(("scenario", "metric", "change", "95% CI", "p(worse)", "outcome"), rows)
+
+
+# -- the plugin's side: options, the per-scenario check, the session's results -------
+FLAG = "--perf-ab"
+RESULTS_KEY = pytest.StashKey[list[ABResult]]()
+
+
+def add_options(group: Any) -> None:
+    group.addoption(
+        "--perf-env",
+        metavar="NAME=PYTHON",
+        action="append",
+        default=[],
+        help="name a Python environment (its interpreter) that scenarios (field env=) or --perf-ab run ranks in; "
+        "repeatable",
+    )
+    group.addoption(
+        FLAG,
+        metavar="BASE,CANDIDATE",
+        help="interleaved A/B of two environments ('current' is this interpreter): each scenario runs "
+        "A B A B ... for --perf-repeats pairs and fails if the candidate is significantly worse; no baselines",
+    )
+    group.addoption(
+        "--perf-ab-tolerance",
+        metavar="FRACTION",
+        type=float,
+        default=0.05,
+        help="A/B: worse by more than this (relative) and significant is a regression (default 0.05)",
+    )
+    group.addoption(
+        "--perf-ab-inject-slowdown",
+        metavar="PCT",
+        type=float,
+        default=0.0,
+        help="A/B self-test: the candidate's workers do PCT%% more real device work per step",
+    )
+
+
+def check_options(config: pytest.Config) -> dict[str, PythonEnv]:
+    """The named environments; usage errors for bad --perf-env / --perf-ab combinations."""
+    try:
+        envs = parse_envs(config.getoption("--perf-env"))
+        pair = parse_ab(config.getoption(FLAG), envs)
+    except EnvError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if pair is None:
+        return envs
+    for flag in ("--perf-update-baselines", "--perf-calibrate", "--perf-find-max-batch"):
+        if config.getoption(flag):
+            raise pytest.UsageError(f"{FLAG} reads and writes no baselines; it cannot run with {flag}")
+    if config.getoption("--perf-repeats") < 3:
+        raise pytest.UsageError(f"{FLAG} needs --perf-repeats N with N >= 3 pairs for its paired test")
+    if not 0 <= config.getoption("--perf-ab-tolerance") < 1:
+        raise pytest.UsageError("--perf-ab-tolerance must be in [0, 1)")
+    return envs
+
+
+def enabled(config: pytest.Config) -> bool:
+    return bool(config.getoption(FLAG))
+
+
+def check(session: PerfSession, scenario: BaseScenario, config: pytest.Config) -> ABResult:
+    """A/B one scenario and pass, fail or skip the calling test by its verdict."""
+    base, candidate = str(config.getoption(FLAG)).split(",")
+    base, candidate = base.strip(), candidate.strip()
+    resolved, skip = session.prepare(scenario)
+    if skip:
+        pytest.skip(f"{scenario.id}: {skip}")
+    slowdown = config.getoption("--perf-ab-inject-slowdown")
+    gated = [resolved.primary, *(m for m in ("peak_mem_mib",) if m in resolved.metrics)]
+    tolerances = {resolved.primary: config.getoption("--perf-ab-tolerance")}
+    tolerances.update({m: session.profile.tolerance(m) or 0.0 for m in gated[1:]})
+
+    def run_once(env: str) -> tuple[str, dict[str, float], str]:
+        return session.launch_once(resolved, env, slowdown if env == candidate else 0.0)
+
+    result = run_ab(resolved.id, gated, run_once, base, candidate, config.getoption("--perf-repeats"), tolerances)
+    config.stash.setdefault(RESULTS_KEY, []).append(result)
+    if result.verdict == "skipped":
+        pytest.skip(f"{scenario.id}: {result.message}")
+    if result.verdict in ("regression", "error"):
+        pytest.fail(f"{scenario.id}: A/B {result.verdict}: {result.message}", pytrace=False)
+    return result
+
+
+def results_of(config: pytest.Config) -> list[ABResult]:
+    return config.stash.get(RESULTS_KEY, [])

@@ -1,0 +1,124 @@
+"""Named environments and the interleaved A/B of two of them."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+from conftest import CPU_PROFILE
+
+from perfsuite.abtest import compare, run_ab
+
+BASE = [100.0, 104.0, 97.0, 101.0, 99.0]
+NOISE = [1.01, 0.99, 1.02, 0.98, 1.0]  # launch-to-launch noise of the candidate
+
+
+def scaled(factor: float) -> list[float]:
+    return [factor * b * e for b, e in zip(BASE, NOISE, strict=True)]
+
+
+def test_a_significant_slowdown_beyond_tolerance_is_a_regression() -> None:
+    slower = compare("samples_per_s", BASE, scaled(0.8), tolerance=0.05)
+    assert slower.outcome == "regression" and slower.change == pytest.approx(-0.2)
+    assert slower.p_worse < 0.05 and slower.ci_low <= -0.2 <= slower.ci_high
+    assert "samples_per_s: -20.0% (95% CI" in slower.describe()
+
+
+def test_noise_drift_and_small_changes_pass() -> None:
+    # Launch-to-launch noise of +/-4% around the same mean: not significant.
+    noisy = compare("samples_per_s", BASE, [101.0, 99.0, 100.0, 98.0, 103.0], tolerance=0.05)
+    assert noisy.outcome == "pass" and noisy.ci_low < 0 < noisy.ci_high
+    # Drift that hits both sides of each pair alike cancels in the ratios.
+    drifting = compare("samples_per_s", [100, 90, 80, 70], [99, 90, 80, 70.5], tolerance=0.05)
+    assert drifting.outcome == "pass"
+    # Significant but within tolerance: 2% slower every time is not a regression at 5%.
+    assert compare("samples_per_s", BASE, [0.98 * b for b in BASE], tolerance=0.05).outcome == "pass"
+    assert compare("samples_per_s", BASE, scaled(0.98), tolerance=0.05).outcome == "pass"
+
+
+def test_memory_growth_is_worse_and_faster_is_improved() -> None:
+    assert compare("peak_mem_mib", BASE, scaled(1.3), tolerance=0.15).outcome == "regression"
+    assert compare("samples_per_s", BASE, scaled(1.5), tolerance=0.05).outcome == "improved"
+
+
+def test_launches_alternate_and_a_failed_launch_stops_the_comparison() -> None:
+    order: list[str] = []
+
+    def run_once(env: str) -> tuple[str, dict[str, float], str]:
+        order.append(env)
+        return "ok", {"samples_per_s": 100.0 if env == "a" else 90.0 + len(order) % 3}, ""
+
+    result = run_ab("g.s", ["samples_per_s"], run_once, "a", "b", 3, {"samples_per_s": 0.05})
+    assert order == ["a", "b", "a", "b", "a", "b"]
+    assert result.verdict == "regression" and "b vs a: samples_per_s: -" in result.message
+
+    def crashing(env: str) -> tuple[str, dict[str, float], str]:
+        return ("crash", {}, "rank 1 died") if env == "b" else ("ok", {"samples_per_s": 1.0}, "")
+
+    failed = run_ab("g.s", ["samples_per_s"], crashing, "a", "b", 3, {"samples_per_s": 0.05})
+    assert failed.verdict == "error" and failed.message == "b launch 1 crash: rank 1 died" and not failed.comparisons
+
+
+MODULE = textwrap.dedent(
+    """
+    from perfsuite import ModelSpec, Scenario, parametrize
+
+    TINY = ModelSpec("gpt2", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
+    SHAPE = dict(world_size=1, micro_batch=4, global_batch=4, seq_len=32, warmup_steps=1, steps=4)
+    SCENARIOS = [
+        Scenario("g", "here", TINY, **SHAPE),
+        Scenario("g", "in_twin", TINY, env="twin", **SHAPE),
+        Scenario("g", "in_ort", TINY, env="ort", **SHAPE),
+    ]
+
+    @parametrize(SCENARIOS)
+    def test_bench(perf, scenario):
+        perf.check(scenario)
+    """
+)
+TWIN = f"--perf-env=twin={sys.executable}"
+
+
+def test_a_scenario_runs_in_its_environment_with_baselines_apart(project: pytest.Pytester) -> None:
+    project.makepyfile(test_bench=MODULE)
+    result = project.runpytest_subprocess(CPU_PROFILE, TWIN, "-k", "twin or ort", "--perf-update-baselines", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    # An environment nobody named skips before launching, with the command that builds it.
+    result.stdout.fnmatch_lines(["*g.in_ort: environment 'ort' is not given; build it with `make env-ort`*"])
+    doc = json.loads((project.path / "baselines" / "cpu@twin" / "g.json").read_text())
+    entry = doc["scenarios"]["g.in_twin"]
+    assert entry["fingerprint"]["env"] == "twin" and entry["fingerprint"]["packages"]["torch"]
+    assert not (project.path / "baselines" / "cpu").exists()  # the default environment's stay untouched
+
+
+def test_ab_catches_a_planted_slowdown_in_the_candidate(project: pytest.Pytester) -> None:
+    project.makepyfile(test_bench=MODULE)
+    out = project.path / "r.json"
+    result = project.runpytest_subprocess(
+        CPU_PROFILE, TWIN, "-k", "here", "--perf-ab=current,twin", "--perf-repeats=3",
+        "--perf-ab-inject-slowdown=200", f"--perf-json={out}",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*g.here: A/B regression: twin vs current: samples_per_s: -*", "*perfsuite A/B*"])
+    (ab,) = json.loads(out.read_text())["ab"]
+    assert [launch["env"] for launch in ab["launches"]] == ["current", "twin"] * 3
+    throughput = next(c for c in ab["comparisons"] if c["metric"] == "samples_per_s")
+    assert throughput["outcome"] == "regression" and throughput["change"] < -0.4  # 3x the work per step
+    assert not any((project.path / "baselines").iterdir()), "A/B reads and writes no baselines"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--perf-ab=current,twin", TWIN], "*--perf-ab needs --perf-repeats N with N >= 3 pairs*"),
+        (["--perf-ab=current,nope", "--perf-repeats=3"], "*--perf-ab names 'nope', not given with --perf-env*"),
+        (["--perf-env=twin"], "*--perf-env takes NAME=PATH_TO_PYTHON, got 'twin'*"),
+    ],
+)
+def test_bad_env_or_ab_flags_are_usage_errors(project: pytest.Pytester, flags: list[str], message: str) -> None:
+    project.makepyfile(test_bench=MODULE)
+    result = project.runpytest_subprocess(CPU_PROFILE, *flags)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
