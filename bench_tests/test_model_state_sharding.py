@@ -28,7 +28,16 @@ GPT_1_3B = ModelSpec("gpt2", layers=24, hidden=2048, heads=32, vocab=50304, max_
 GPT_CPU = ModelSpec("gpt2", layers=8, hidden=64, heads=2, vocab=512, max_positions=256)
 
 SEED_SHAPE = dict(world_size=4, micro_batch=1, global_batch=4, seq_len=1024, warmup_steps=3, steps=10)
-CPU_SHAPE = dict(model=GPT_CPU, world_size=2, micro_batch=32, global_batch=64, seq_len=256, warmup_steps=1, max_warmup_steps=2, steps=4)
+CPU_SHAPE = dict(
+    model=GPT_CPU,
+    world_size=2,
+    micro_batch=32,
+    global_batch=64,
+    seq_len=256,
+    warmup_steps=1,
+    max_warmup_steps=2,
+    steps=4,
+)
 # AMP: fp16 with a loss scaler on GPUs, as in the seed; bf16 on CPUs.
 AMP = dict(precision="fp16", variants={"cpu": {**CPU_SHAPE, "precision": "bf16"}})
 

@@ -93,6 +93,17 @@ def test_a_scenario_runs_in_its_environment_with_baselines_apart(project: pytest
     assert not (project.path / "baselines" / "cpu").exists()  # the default environment's stay untouched
 
 
+def test_ab_of_the_same_interpreter_passes(project: pytest.Pytester) -> None:
+    project.makepyfile(test_bench=MODULE)
+    out = project.path / "r.json"
+    result = project.runpytest_subprocess(
+        CPU_PROFILE, TWIN, "-k", "here", "--perf-ab=current,twin", "--perf-repeats=3", f"--perf-json={out}"
+    )
+    result.assert_outcomes(passed=1)
+    (ab,) = json.loads(out.read_text())["ab"]
+    assert ab["verdict"] == "pass" and {c["metric"] for c in ab["comparisons"]} == {"samples_per_s", "peak_mem_mib"}
+
+
 def test_ab_catches_a_planted_slowdown_in_the_candidate(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=MODULE)
     out = project.path / "r.json"
