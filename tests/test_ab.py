@@ -66,7 +66,7 @@ MODULE = textwrap.dedent(
     from perfsuite import ModelSpec, Scenario, parametrize
 
     TINY = ModelSpec("gpt2", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
-    SHAPE = dict(world_size=1, micro_batch=4, global_batch=4, seq_len=32, warmup_steps=1, steps=4)
+    SHAPE = dict(world_size=1, micro_batch=4, global_batch=4, seq_len=32, warmup_steps=1, max_warmup_steps=1, steps=3)
     SCENARIOS = [
         Scenario("g", "here", TINY, **SHAPE),
         Scenario("g", "in_twin", TINY, env="twin", **SHAPE),
@@ -93,12 +93,17 @@ def test_a_scenario_runs_in_its_environment_with_baselines_apart(project: pytest
     assert not (project.path / "baselines" / "cpu").exists()  # the default environment's stay untouched
 
 
+# These run beside other tests (xdist), whose load can swing a tiny scenario's
+# launches by 3x: the pass case uses a wide tolerance and the planted slowdown
+# is 5x the work, so they check the mechanism. The sensitivity itself is
+# measured on a quiet machine (README, "Other Python environments").
 def test_ab_of_the_same_interpreter_passes(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=MODULE)
     out = project.path / "r.json"
     result = project.runpytest_subprocess(
-        CPU_PROFILE, TWIN, "-k", "here", "--perf-ab=current,twin", "--perf-repeats=3", f"--perf-json={out}"
-    )
+        CPU_PROFILE, TWIN, "-k", "here", "--perf-ab=current,twin", "--perf-repeats=3", "--perf-ab-tolerance=0.5",
+        f"--perf-json={out}",
+    )  # fmt: skip
     result.assert_outcomes(passed=1)
     (ab,) = json.loads(out.read_text())["ab"]
     assert ab["verdict"] == "pass" and {c["metric"] for c in ab["comparisons"]} == {"samples_per_s", "peak_mem_mib"}
@@ -109,14 +114,14 @@ def test_ab_catches_a_planted_slowdown_in_the_candidate(project: pytest.Pytester
     out = project.path / "r.json"
     result = project.runpytest_subprocess(
         CPU_PROFILE, TWIN, "-k", "here", "--perf-ab=current,twin", "--perf-repeats=3",
-        "--perf-ab-inject-slowdown=200", f"--perf-json={out}",
+        "--perf-ab-inject-slowdown=400", f"--perf-json={out}",
     )  # fmt: skip
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*g.here: A/B regression: twin vs current: samples_per_s: -*", "*perfsuite A/B*"])
     (ab,) = json.loads(out.read_text())["ab"]
     assert [launch["env"] for launch in ab["launches"]] == ["current", "twin"] * 3
     throughput = next(c for c in ab["comparisons"] if c["metric"] == "samples_per_s")
-    assert throughput["outcome"] == "regression" and throughput["change"] < -0.4  # 3x the work per step
+    assert throughput["outcome"] == "regression" and throughput["change"] < -0.4  # 5x the work per step
     assert not any((project.path / "baselines").iterdir()), "A/B reads and writes no baselines"
 
 
