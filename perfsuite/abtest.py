@@ -170,6 +170,7 @@ def summary_lines(results: Sequence[ABResult]) -> list[str]:
 # -- the plugin's side: options, the per-scenario check, the session's results -------
 FLAG = "--perf-ab"
 RESULTS_KEY = pytest.StashKey[list[ABResult]]()
+PAIR_KEY = pytest.StashKey[tuple[str, str]]()
 
 
 def add_options(group: Any) -> None:
@@ -212,6 +213,7 @@ def check_options(config: pytest.Config) -> dict[str, PythonEnv]:
         raise pytest.UsageError(str(exc)) from None
     if pair is None:
         return envs
+    config.stash[PAIR_KEY] = pair
     for flag in ("--perf-update-baselines", "--perf-calibrate", "--perf-find-max-batch"):
         if config.getoption(flag):
             raise pytest.UsageError(f"{FLAG} reads and writes no baselines; it cannot run with {flag}")
@@ -223,13 +225,12 @@ def check_options(config: pytest.Config) -> dict[str, PythonEnv]:
 
 
 def enabled(config: pytest.Config) -> bool:
-    return bool(config.getoption(FLAG))
+    return PAIR_KEY in config.stash
 
 
 def check(session: PerfSession, scenario: BaseScenario, config: pytest.Config) -> ABResult:
     """A/B one scenario and pass, fail or skip the calling test by its verdict."""
-    base, candidate = str(config.getoption(FLAG)).split(",")
-    base, candidate = base.strip(), candidate.strip()
+    base, candidate = config.stash[PAIR_KEY]
     resolved, skip = session.prepare(scenario)
     if skip:
         pytest.skip(f"{scenario.id}: {skip}")

@@ -13,11 +13,12 @@ and its baselines live apart from the default environment's, under
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,6 @@ class PythonEnv:
     """The name scenarios and ``--perf-ab`` use."""
     python: str
     """Path of its interpreter."""
-    _probed: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_current(self) -> bool:
@@ -64,23 +64,25 @@ class PythonEnv:
         return f"environment {self.name!r}: {self.python} is not an executable Python{build_hint(self.name)}"
 
     def probe(self, packages: tuple[str, ...]) -> dict[str, Any]:
-        """Its Python version and the versions of ``packages`` installed in it (cached)."""
-        if not self._probed:
-            out = subprocess.run(
-                [self.python, "-c", _PROBE, json.dumps(list(packages))],
-                capture_output=True, text=True, check=False, timeout=120,
-            )  # fmt: skip
-            if out.returncode != 0:
-                raise EnvError(f"environment {self.name!r} ({self.python}) failed to report its packages: "
-                               f"{out.stderr.strip()[-300:]}")  # fmt: skip
-            self._probed.update(json.loads(out.stdout))
-        return dict(self._probed)
+        """Its Python version and the versions of ``packages`` installed in it (once per session)."""
+        return dict(_probe(self.python, self.name, packages))
 
     def worker_env(self) -> dict[str, str]:
         """Extra variables its ranks need: perfsuite's source on the path (the env need not install it)."""
         source = str(Path(perfsuite.__file__).resolve().parents[1])
         existing = os.environ.get("PYTHONPATH")
         return {"PYTHONPATH": os.pathsep.join([source, *([existing] if existing else [])])}
+
+
+@functools.cache
+def _probe(python: str, name: str, packages: tuple[str, ...]) -> dict[str, Any]:
+    out = subprocess.run(
+        [python, "-c", _PROBE, json.dumps(list(packages))], capture_output=True, text=True, check=False, timeout=120
+    )
+    if out.returncode != 0:
+        raise EnvError(f"environment {name!r} ({python}) failed to report its packages: {out.stderr.strip()[-300:]}")
+    probed: dict[str, Any] = json.loads(out.stdout)
+    return probed
 
 
 def build_hint(name: str) -> str:

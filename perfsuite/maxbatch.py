@@ -23,7 +23,7 @@ from typing import Any, Literal
 import pytest
 
 from perfsuite.report import table
-from perfsuite.session import Measurement, PerfSession, fit_to_hardware
+from perfsuite.session import Measurement, PerfSession
 from perfsuite.stats import Summary
 from perfsuite.validation import ScenarioError
 from perfsuite.workloads.base import BaseScenario
@@ -230,7 +230,7 @@ def trial_runner(session: PerfSession, scenario: Scenario) -> RunTrial:
             return Trial(micro_batch, global_batch, "invalid", message=str(exc))
         # The session's own launch path (repeats included), without judging or
         # recording: the trial is a measurement, not a verdict.
-        return trial_of(micro_batch, global_batch, session._measure(sized))
+        return trial_of(micro_batch, global_batch, session.measure(sized))
 
     return run
 
@@ -248,11 +248,10 @@ def trial_of(micro_batch: int, global_batch: int, measurement: Measurement) -> T
 def resolved_here(session: PerfSession, scenario: BaseScenario) -> tuple[BaseScenario, str]:
     """``scenario`` as the session's own run launches it on this profile and
     machine, and why it gets no search here ("" if it does)."""
-    resolved = scenario.resolve(session.profile.variant_keys)
-    fitted = fit_to_hardware(resolved, session.profile, session.fingerprint, session._topology(resolved))
+    fitted, skip = session.prepare(scenario)
     if not isinstance(fitted, Scenario):
         return fitted, f"{FLAG} searches the micro-batch of train scenarios; this is a {fitted.kind} scenario"
-    return fitted, session._precondition(fitted)
+    return fitted, skip
 
 
 def find_max_batch(session: PerfSession, scenario: BaseScenario, config: pytest.Config) -> MaxBatchResult:

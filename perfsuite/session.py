@@ -236,20 +236,17 @@ class PerfSession:
         return self.results[scenario.id]
 
     def _run(self, scenario: BaseScenario) -> ScenarioResult:
-        scenario = fit_to_hardware(scenario, self.profile, self.fingerprint, self._topology(scenario))
-        skip = self._precondition(scenario)
+        scenario, skip = self._fit(scenario)
         if skip:
             return ScenarioResult(scenario, "skipped", Judgement("skipped", skip))
         baseline = self.store_for(self.env_of(scenario)).get(scenario.group, scenario.id)
-        if skip:
-            return ScenarioResult(scenario, "skipped", Judgement("skipped", skip), baseline=baseline)
-        measurement = self._measure(scenario)
+        measurement = self.measure(scenario)
         judgement = self._judge(scenario, measurement, baseline)
         attempts = [_attempt(scenario, measurement, judgement)]
         for _ in range(self.settings.confirm if judgement.verdict == "regression" else 0):
             # A regression must reproduce in a fresh measurement: noise rarely
             # strikes twice, so false alarms fall to about the square.
-            measurement = self._measure(scenario)
+            measurement = self.measure(scenario)
             judgement = self._judge(scenario, measurement, baseline)
             attempts.append(_attempt(scenario, measurement, judgement))
             if judgement.verdict != "regression":
@@ -287,9 +284,12 @@ class PerfSession:
 
     def prepare(self, scenario: BaseScenario) -> tuple[BaseScenario, str]:
         """``scenario`` as this profile and machine run it, and why it must skip ("" if it can run)."""
-        resolved = scenario.resolve(self.profile.variant_keys)
-        resolved = fit_to_hardware(resolved, self.profile, self.fingerprint, self._topology(resolved))
-        return resolved, launch_precondition(resolved, self.profile, self.fingerprint, self._topology(resolved))
+        return self._fit(scenario.resolve(self.profile.variant_keys))
+
+    def _fit(self, resolved: BaseScenario) -> tuple[BaseScenario, str]:
+        """A resolved scenario at the world size the hardware holds, and why it must skip ("" if it can run)."""
+        fitted = fit_to_hardware(resolved, self.profile, self.fingerprint, self._topology(resolved))
+        return fitted, self._precondition(fitted)
 
     def launch_once(
         self, scenario: BaseScenario, env: str, slowdown_pct: float = 0.0
@@ -298,22 +298,25 @@ class PerfSession:
         skip = self._precondition(scenario, env)
         if skip:
             return "skipped", {}, skip
-        outcome = self.launcher_for(scenario).run(self._job(scenario, env, slowdown_pct))
-        self._note_nodes(outcome, env)
-        if outcome.status != "ok":
-            detail = outcome.skip_reason or (outcome.failure.describe() if outcome.failure else "")
-            return outcome.status, {}, detail
-        metrics = aggregate(outcome.reports, scenario.step_work(), scenario.metrics)
-        return "ok", {name: metrics.value(name) for name in metrics.values}, ""
+        measurement = self.measure(scenario, env, slowdown_pct, repeats=1)
+        if measurement.metrics is None:
+            outcome = measurement.outcome
+            return outcome.status, {}, outcome.skip_reason or (outcome.failure.describe() if outcome.failure else "")
+        return "ok", {name: measurement.metrics.value(name) for name in measurement.metrics.values}, ""
 
-    def _measure(self, scenario: BaseScenario) -> Measurement:
+    def measure(
+        self, scenario: BaseScenario, env: str | None = None, slowdown_pct: float | None = None, repeats: int = 0
+    ) -> Measurement:
+        """``repeats`` (default: the session's) fresh launches of a prepared scenario in ``env``
+        (default: its own), pooled; nothing judged or recorded."""
+        env = env or self.env_of(scenario)
         launches: list[LaunchOutcome] = []
         runs: list[ScenarioMetrics] = []
         work = scenario.step_work()
-        for _ in range(self.settings.repeats):
-            outcome = self.launcher_for(scenario).run(self._job(scenario, self.env_of(scenario)))
+        for _ in range(repeats or self.settings.repeats):
+            outcome = self.launcher_for(scenario).run(self._job(scenario, env, slowdown_pct))
             launches.append(outcome)
-            self._note_nodes(outcome, self.env_of(scenario))
+            self._note_nodes(outcome, env)
             if outcome.status != "ok":
                 return Measurement(tuple(launches), None)
             runs.append(aggregate(outcome.reports, work, scenario.metrics))

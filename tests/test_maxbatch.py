@@ -105,7 +105,7 @@ class FakeSession:
     def __init__(self) -> None:
         self.launched: list[Scenario] = []
 
-    def _measure(self, scenario: Scenario) -> Measurement:
+    def measure(self, scenario: Scenario) -> Measurement:
         self.launched.append(scenario)
         failure = RankFailure(0, "DefaultCPUAllocator: can't allocate memory", "(tail)")
         return Measurement((LaunchOutcome("oom", [], failure, wall_s=1.5),), None)

@@ -176,8 +176,18 @@ class BaseScenario:
         return ""
 
     def rank_spec(self) -> WorkloadSpec:
-        """The typed spec its ranks receive."""
+        """The typed spec its ranks receive (built on :meth:`spec_fields`)."""
         raise NotImplementedError
+
+    def spec_fields(self) -> dict[str, Any]:
+        """The :class:`~perfsuite.protocol.WorkloadSpec` fields every kind fills the same way."""
+        return {
+            "id": self.id,
+            "world_size": self.world_size,
+            "warmup_steps": self.warmup_steps,
+            "max_warmup_steps": self.warmup_limit,
+            "steps": self.steps,
+        }
 
     def to_config(self) -> dict[str, Any]:
         """The resolved scenario as plain JSON, for the results file."""

@@ -86,8 +86,7 @@ class Collective(BaseScenario):
 
     def rank_spec(self) -> CollectiveSpec:
         return CollectiveSpec(
-            id=self.id, world_size=self.world_size, warmup_steps=self.warmup_steps,
-            max_warmup_steps=self.warmup_limit, steps=self.steps, op=self.op, size_bytes=self.size_bytes,
+            **self.spec_fields(), op=self.op, size_bytes=self.size_bytes,
             dtype=self.dtype, iterations=self.iterations,
         )  # fmt: skip
 

@@ -172,8 +172,7 @@ class Microbench(BaseScenario):
 
     def rank_spec(self) -> MicrobenchSpec:
         return MicrobenchSpec(
-            id=self.id, world_size=self.world_size, warmup_steps=self.warmup_steps,
-            max_warmup_steps=self.warmup_limit, steps=self.steps, op=self.op, dtype=self.dtype,
+            **self.spec_fields(), op=self.op, dtype=self.dtype,
             shape=self.shape, iterations=self.iterations, layer=self.layer, layer_pass=self.layer_pass,
             search=self.search,
         )  # fmt: skip
@@ -227,8 +226,7 @@ class DeviceCopy(BaseScenario):
 
     def rank_spec(self) -> CopySpec:
         return CopySpec(
-            id=self.id, world_size=self.world_size, warmup_steps=self.warmup_steps,
-            max_warmup_steps=self.warmup_limit, steps=self.steps, size_bytes=self.size_bytes,
+            **self.spec_fields(), size_bytes=self.size_bytes,
             iterations=self.iterations,
         )  # fmt: skip
 

@@ -200,11 +200,7 @@ class Scenario(BaseScenario):
     def rank_spec(self) -> TrainSpec:
         engine = self.engine
         return TrainSpec(
-            id=self.id,
-            world_size=self.world_size,
-            warmup_steps=self.warmup_steps,
-            max_warmup_steps=self.warmup_limit,
-            steps=self.steps,
+            **self.spec_fields(),
             model=self.model,
             precision=self.precision,
             engine=engine.name,

@@ -209,8 +209,7 @@ class TrainerScenario(BaseScenario):
 
     def rank_spec(self) -> TrainerSpec:
         return TrainerSpec(
-            id=self.id, world_size=self.world_size, warmup_steps=self.warmup_steps,
-            max_warmup_steps=self.warmup_limit, steps=self.steps, model=self.model, precision=self.precision,
+            **self.spec_fields(), model=self.model, precision=self.precision,
             per_device_batch=self.per_device_batch, grad_accum=self.grad_accum, train_samples=self.train_samples,
             eval_samples=self.eval_samples, epochs=self.epochs, seq_len=self.seq_len,
             optimizer_steps=self.optimizer_steps,
