@@ -93,10 +93,10 @@ def test_a_scenario_runs_in_its_environment_with_baselines_apart(project: pytest
     assert not (project.path / "baselines" / "cpu").exists()  # the default environment's stay untouched
 
 
-# These run beside other tests (xdist), whose load can swing a tiny scenario's
-# launches by 3x: the pass case uses a wide tolerance and the planted slowdown
-# is 5x the work, so they check the mechanism. The sensitivity itself is
-# measured on a quiet machine (README, "Other Python environments").
+# These check the mechanism, not the sensitivity (measured on a quiet machine:
+# README, "Other Python environments"). The pass case runs beside other tests
+# (xdist), whose load can swing a tiny scenario's launches by 3x, so it uses a
+# wide tolerance; the planted slowdown is 5x the work.
 def test_ab_of_the_same_interpreter_passes(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=MODULE)
     out = project.path / "r.json"
@@ -109,6 +109,9 @@ def test_ab_of_the_same_interpreter_passes(project: pytest.Pytester) -> None:
     assert ab["verdict"] == "pass" and {c["metric"] for c in ab["comparisons"]} == {"samples_per_s", "peak_mem_mib"}
 
 
+# Alone: a neighbour test starting up can slow one base launch several-fold,
+# and with 3 pairs one such pair sinks the significance (seen twice in CI).
+@pytest.mark.serial
 def test_ab_catches_a_planted_slowdown_in_the_candidate(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=MODULE)
     out = project.path / "r.json"
