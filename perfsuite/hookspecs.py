@@ -58,3 +58,13 @@ def pytest_perfsuite_extra_metrics(
     session's measured best matmul) for training runs; yours runs beside it.
     Take only the arguments you need. To gate a metric, register it
     (:mod:`perfsuite.metrics`) and measure it on the ranks instead."""
+
+
+@hookspec
+def pytest_perfsuite_session_finished(config: pytest.Config, document: dict[str, Any]) -> None:
+    """Called once at the end of a session that ran perfsuite scenarios, with
+    the results document (the same dict ``--perf-json`` writes, whether or not
+    that flag is given). Exporters implement it: perfsuite's own
+    pytest-benchmark export and history store do (:mod:`perfsuite.exports`),
+    and a plugin of yours can send the document elsewhere. Raise
+    ``pytest.UsageError`` for a bad destination; never modify ``document``."""

@@ -52,6 +52,11 @@ PROFILE_KEY = pytest.StashKey[HardwareProfile]()
 FINGERPRINT_KEY = pytest.StashKey[dict]()
 LAUNCHER_KEY = pytest.StashKey[Launcher]()
 
+# Exporters are pytest plugins of their own: each adds its options to the
+# perfsuite group and implements pytest_perfsuite_session_finished, the same
+# hook a user's plugin would.
+pytest_plugins: list[str] = []
+
 
 class StaleBaselineWarning(UserWarning):
     """A scenario beat its baseline by more than the tolerance."""
@@ -517,7 +522,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     compared = [r for r in abtest.results_of(config) if r.comparisons]
     if abtest.enabled(config) and not compared and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # an A/B that compared nothing proves nothing
-    if not path:
+    if not path and perf is None:
         return
     fingerprint = perf.current_fingerprint() if perf else _fingerprint(config)
     results = list(perf.results.values()) if perf else []
@@ -535,4 +540,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         **maxbatch.results_json(config),
         **({"ab": [r.to_json() for r in abtest.results_of(config)]} if abtest.enabled(config) else {}),
     )
-    write_results(Path(path), document)
+    if path:
+        write_results(Path(path), document)
+    if perf is not None:
+        config.hook.pytest_perfsuite_session_finished(config=config, document=document)
