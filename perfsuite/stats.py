@@ -65,6 +65,8 @@ class ScenarioMetrics:
     """Each rank's own figures (first launch)."""
     steady_state_start: int = 0
     """Warmup steps run before measuring (first launch)."""
+    warmup_times_s: list[float] = field(default_factory=list)
+    """Slowest-rank time of each warmup step (first launch): the report plots them."""
     health: list[dict[str, Any]] = field(default_factory=list)
     """Per rank, first launch."""
     repeats: list[dict[str, Any]] = field(default_factory=list)
@@ -98,6 +100,7 @@ class ScenarioMetrics:
             "per_rank": self.per_rank,
             "step_times_s": self.step_times_s,
             "steady_state_start": self.steady_state_start,
+            "warmup_times_s": self.warmup_times_s,
             "health": self.health,
             "repeats": self.repeats,
             "skipped_steps": self.skipped_steps,
@@ -130,6 +133,7 @@ def aggregate(ranks: Sequence[RankReport], work: Mapping[str, float], names: Seq
         step_times_s=per_step,
         per_rank=[_rank_row(r, work, names, skipped) for r in ranks],
         steady_state_start=ranks[0].steady_state_start,
+        warmup_times_s=list(ranks[0].warmup_times_s),
         health=[{"rank": r.rank, **r.health} for r in ranks],
         skipped_steps=len(skipped),
         step_work=work,
@@ -153,6 +157,7 @@ def pool(runs: Sequence[ScenarioMetrics], names: Sequence[str]) -> ScenarioMetri
         step_times_s=per_step,
         per_rank=first.per_rank,
         steady_state_start=first.steady_state_start,
+        warmup_times_s=first.warmup_times_s,
         health=first.health,
         repeats=[run.repeat_summary() for run in runs],
         skipped_steps=sum(run.skipped_steps for run in runs),
