@@ -2,7 +2,10 @@
 ``baselines/<hardware-profile>/<group>.json``.
 
 Files are written only by ``--perf-update-baselines``, atomically (temp file plus
-rename in the same folder), with sorted keys so diffs stay small. Hand-set keys
+rename in the same folder), with sorted keys so diffs stay small. Each update
+holds a lock on its group file (``<group>.json.lock`` beside it) and merges into
+the file as it is on disk then, so concurrent runs recording scenarios of one
+group keep every entry. Hand-set keys
 (``tolerances``, ``note`` and anything unknown) survive an update; scenarios the
 run did not measure are left untouched. A corrupt or schema-invalid file raises
 :class:`BaselineError` naming the file and is never rewritten.
@@ -17,11 +20,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from perfsuite.files import atomic_write_json
 from perfsuite.metrics import METRICS
 from perfsuite.workloads.base import OUTCOMES
 
 SCHEMA_VERSION = 1
+LOCK_TIMEOUT_S = 120.0  # a write holds the lock for milliseconds; this long means a stuck process
 
 
 class BaselineError(Exception):
@@ -153,20 +159,35 @@ class BaselineStore:
     ) -> BaselineEntry:
         """Store a measured outcome, keeping hand-set tolerances and notes.
 
-        ``tolerances`` (from calibration) are merged over the stored ones.
+        ``tolerances`` (from calibration) are merged over the stored ones. The
+        file is re-read under its lock, so entries another run wrote since this
+        one read the group are kept.
         """
-        entries = dict(self.group(group))  # raises on a corrupt file: never overwrite it
-        old = entries.get(scenario_id)
-        entry = BaselineEntry(
-            expected=expected,
-            metrics=metrics,
-            tolerances={**(old.tolerances if old else {}), **(tolerances or {})},
-            fingerprint=fingerprint,
-            note=old.note if old else "",
-            extra={**(old.extra if old else {}), **(extra or {}), "recorded_at": _now()},
-        )
-        entries[scenario_id] = entry
-        self._write(group, entries)
+        path = self.path(group)
+        try:
+            with FileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S):
+                entries = load_group_file(path)  # raises on a corrupt file: never overwrite it
+                old = entries.get(scenario_id)
+                entry = BaselineEntry(
+                    expected=expected,
+                    metrics=metrics,
+                    tolerances={**(old.tolerances if old else {}), **(tolerances or {})},
+                    fingerprint=fingerprint,
+                    note=old.note if old else "",
+                    extra={**(old.extra if old else {}), **(extra or {}), "recorded_at": _now()},
+                )
+                entries[scenario_id] = entry
+                self._write(group, entries)
+        except Timeout:
+            raise BaselineError(
+                f"baseline file {path}: another process has held {path}.lock for {LOCK_TIMEOUT_S:.0f} s; "
+                "if no other perfsuite run is recording baselines, delete the lock file and retry"
+            ) from None
+        except OSError as exc:
+            raise BaselineError(
+                f"baseline file {path}: cannot write it ({exc.strerror or exc}); the file on disk is "
+                "unchanged. Free space or fix the folder's permissions, then rerun with --perf-update-baselines"
+            ) from None
         self._cache[group] = entries
         return entry
 

@@ -7,6 +7,7 @@ verdict fails, skips or passes *that* test, never a session hook.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +39,7 @@ from perfsuite.profiles import (
 )
 from perfsuite.relations import Relation, RelationOutcome
 from perfsuite.report import (
+    ResultsWriteError,
     relation_lines,
     results_document,
     summary_lines,
@@ -541,6 +543,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         **({"ab": [r.to_json() for r in abtest.results_of(config)]} if abtest.enabled(config) else {}),
     )
     if path:
-        write_results(Path(path), document)
+        try:
+            write_results(Path(path), document)
+        except ResultsWriteError as exc:
+            _fail_session(session, str(exc))
     if perf is not None:
         config.hook.pytest_perfsuite_session_finished(config=config, document=document)
+
+
+def _fail_session(session: pytest.Session, message: str) -> None:
+    """Say ``message`` in red and make the run exit non-zero (no traceback)."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    else:
+        print(message, file=sys.stderr)
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -74,5 +74,16 @@ def results_document(
     }
 
 
+class ResultsWriteError(Exception):
+    """The results file could not be written; the message names it and the cause."""
+
+
 def write_results(path: Path, document: dict[str, Any]) -> None:
-    atomic_write_json(path, document)
+    """Write the results file atomically: a failed write leaves any old file whole."""
+    try:
+        atomic_write_json(path, document)
+    except OSError as exc:
+        raise ResultsWriteError(
+            f"perfsuite: cannot write the results file {path} ({exc.strerror or exc}); "
+            "any earlier file there is unchanged. Free space or choose another --perf-json path."
+        ) from None

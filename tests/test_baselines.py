@@ -1,11 +1,17 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from perfsuite.baselines import BaselineError, BaselineStore, load_group_file
+from perfsuite.report import ResultsWriteError, write_results
 
 METRICS = {"samples_per_s": {"mean": 10.0, "std": 0.5, "n": 5}, "peak_mem_mib": 100.0}
 
@@ -74,5 +80,72 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path, "cpu")
     for i in range(3):
         store.record("g", f"g.s{i}", "ok", METRICS, {})
-    assert sorted(p.name for p in (tmp_path / "cpu").iterdir()) == ["g.json"]
+    # The lock file stays (removing it races a waiting writer); git ignores it.
+    assert sorted(p.name for p in (tmp_path / "cpu").iterdir()) == ["g.json", "g.json.lock"]
     assert list(json.loads((tmp_path / "cpu" / "g.json").read_text())["scenarios"]) == ["g.s0", "g.s1", "g.s2"]
+
+
+def _record_many(root: str, prefix: str, count: int, start: Any) -> None:
+    store = BaselineStore(Path(root), "cpu")
+    store.group("g")  # read (and cache) the group before the other run writes to it
+    start.wait(30)  # both runs record at once
+    for i in range(count):
+        store.record("g", f"g.{prefix}{i}", "ok", METRICS, {})
+
+
+def test_concurrent_updates_of_one_group_keep_every_entry(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(2)
+    runs = [ctx.Process(target=_record_many, args=(str(tmp_path), prefix, 25, start)) for prefix in ("a", "b")]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(60)
+        assert run.exitcode == 0
+    stored = json.loads((tmp_path / "cpu" / "g.json").read_text())["scenarios"]
+    assert sorted(stored) == sorted(f"g.{p}{i}" for p in "ab" for i in range(25))
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 64 KiB tmpfs: writes past it fail with ENOSPC as on a full disk."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(folder: Path) -> None:
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass  # ENOSPC: the disk is full
+    finally:
+        os.close(fd)
+
+
+def test_a_full_disk_leaves_the_old_baseline_file_intact(tiny_disk: Path) -> None:
+    store = BaselineStore(tiny_disk, "cpu")
+    store.record("g", "g.s0", "ok", METRICS, {})
+    before = (tiny_disk / "cpu" / "g.json").read_bytes()
+    fill(tiny_disk)
+    with pytest.raises(BaselineError, match=r"g\.json: cannot write it .*unchanged"):
+        store.record("g", "g.s1", "ok", {"samples_per_s": 1.0} | METRICS, {"host": "x" * 20000})
+    assert (tiny_disk / "cpu" / "g.json").read_bytes() == before
+    assert sorted(p.name for p in (tiny_disk / "cpu").iterdir()) == ["g.json", "g.json.lock"]
+
+
+def test_a_full_disk_leaves_the_old_results_file_intact(tiny_disk: Path) -> None:
+    path = tiny_disk / "results.json"
+    write_results(path, {"results": []})
+    fill(tiny_disk)
+    with pytest.raises(ResultsWriteError, match=r"cannot write the results file .*results\.json .*unchanged"):
+        write_results(path, {"results": [{"id": "x" * 100_000}]})
+    assert json.loads(path.read_text()) == {"results": []}
