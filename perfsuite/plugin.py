@@ -7,8 +7,11 @@ verdict fails, skips or passes *that* test, never a session hook.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -346,11 +349,35 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             envs=envs,
         )
         _check_gpus_idle(config)
+        request.addfinalizer(_stop_on_sigterm())
         launcher = config.stash[LAUNCHER_KEY]
         config.stash[SESSION_KEY] = PerfSession(
             settings, _fingerprint(config), launcher, _compare(config), _extra_metrics(config)
         )
     return config.stash[SESSION_KEY]
+
+
+def _stop_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM (a cancelled CI job, Slurm's scancel) stop the run as Ctrl-C
+    does, so the launcher's cleanup stops every agent and rank before pytest
+    exits; by default SIGTERM ends the process at once and orphans them. Left
+    alone when someone else already handles SIGTERM, or off the main thread.
+    Returns the finalizer that restores the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        return lambda: None
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"perfsuite: {signal.Signals(signum).name} received, stopping the run")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return restore
 
 
 def _launcher(config: pytest.Config) -> Launcher:

@@ -20,6 +20,10 @@ from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin,
 
 from perfsuite.files import atomic_write_json
 
+#: Environment variable naming the pytest process that launched a run
+#: (``host:pid:create_time``): ranks on its host exit when it is gone.
+LAUNCHER_VAR = "PERFSUITE_LAUNCHER"
+
 Device = Literal["cpu", "cuda"]
 RankStatus = Literal["ok", "oom", "crash", "skipped"]
 T = TypeVar("T")

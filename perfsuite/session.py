@@ -30,6 +30,7 @@ from perfsuite.compare import (
 from perfsuite.envs import CURRENT, PythonEnv, build_hint, parse_envs
 from perfsuite.fingerprint import stack_changes, tracked_packages
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
+from perfsuite.launch.procs import launcher_env
 from perfsuite.launch.torchrun import LocalTorchrun, Topology, TopologyError, TorchrunLauncher
 from perfsuite.profiles import HardwareProfile
 from perfsuite.protocol import RankJob
@@ -338,7 +339,11 @@ class PerfSession:
         per_node = topology.ranks_per_node(scenario.world_size) if topology else None
         devices = tuple(str(gpu["index"]) for gpu in self.fingerprint.get("gpus") or [])
         python = self.settings.envs[env]
-        worker_env = {**self.settings.worker_env, **({} if python.is_current else python.worker_env())}
+        worker_env = {
+            **self.settings.worker_env,
+            **({} if python.is_current else python.worker_env()),
+            **launcher_env(),  # ranks exit if this process dies, even by SIGKILL
+        }
         return WorkerJob(rank_job, scenario.world_size, timeout, workdir, worker_env, per_node, devices, python.python)
 
     # -- judgement ------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -152,12 +153,49 @@ def _classify_failure(job: WorkerJob, reports: Mapping[int, RankReport], wall_s:
     failed = [r for r in range(job.world_size) if r not in reports or reports[r].status != "ok"]
     tails = {r: stderr_tail(job, r) for r in failed}
     oom_ranks = [r for r in failed if (r in reports and reports[r].status == "oom") or OOM_PATTERNS.search(tails[r])]
+    # A rank a signal killed first is the cause: the agent stops the others after it.
+    killed = {r: sig for r, sig in root_cause_signals(job).items() if r in failed and r not in reports}
     # Prefer a rank that reported its own error over one torchrun killed afterwards.
     reported = [r for r in failed if r in reports]
-    rank = (oom_ranks or reported or failed)[0]
-    message = (reports[rank].error if rank in reports else "") or "worker exited without a report"
+    rank = (oom_ranks or list(killed) or reported or failed)[0]
+    message = (reports[rank].error if rank in reports else "") or _no_report(killed.get(rank))
     failure = RankFailure(rank, message, tails[rank], read_phase(job, rank))
     return LaunchOutcome("oom" if oom_ranks else "crash", [], failure, wall_s=wall_s)
+
+
+# torchrun's failure summary: "Root Cause (first observed failure):" then a block
+# with "rank      : 1 (local_rank: 1)" and "exitcode  : -9 (pid: 123)".
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):\s*\n(?:.*\n){0,3}?\s*rank\s*:\s*(?P<rank>\d+).*\n"
+    r"\s*exitcode\s*:\s*(?P<code>-?\d+)"
+)
+
+
+def root_cause_signals(job: WorkerJob) -> dict[int, int]:
+    """Ranks the agents' failure summaries name as the first failure and that a
+    signal ended (rank -> signal number), from the agent logs in the job folder."""
+    found: dict[int, int] = {}
+    for log in sorted(job.workdir.glob("agent*.log")):
+        for match in _ROOT_CAUSE.finditer(log.read_text(errors="replace")):
+            code = int(match["code"])
+            if code < 0:
+                found[int(match["rank"])] = -code
+    return found
+
+
+def _no_report(signum: int | None) -> str:
+    if signum is None:
+        return "worker exited without a report"
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    why = (
+        "; SIGKILL is usually the host's OOM killer (see `dmesg` or the job's memory limit), or someone's kill -9"
+        if signum == signal.SIGKILL
+        else ""
+    )
+    return f"killed by {name} (signal {signum}) before it could report{why}"
 
 
 _PHASES = ("startup", "init", "build", "wrap", "warmup", "measure", "report", "done")

@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import signal
 import time
 
 import psutil
 
+from perfsuite.protocol import LAUNCHER_VAR
+
 TOKEN_VAR = "PERFSUITE_RUN_TOKEN"
 GRACE_S = 5.0
+
+
+def launcher_env() -> dict[str, str]:
+    """``PERFSUITE_LAUNCHER`` naming this process, for the ranks' watchdog
+    (:mod:`perfsuite.worker.watchdog`): the create time tells a reused pid apart."""
+    me = psutil.Process()
+    return {LAUNCHER_VAR: f"{platform.node()}:{me.pid}:{me.create_time():.3f}"}
 
 
 def tagged_processes(token: str, root_pid: int | None = None) -> list[psutil.Process]:

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from perfsuite.protocol import EngineUnavailable, RankJob, RankReport, RankStatus, import_object
+from perfsuite.worker import watchdog
 from perfsuite.worker.base import Runner
 from perfsuite.worker.runtime import (
     Reporter,
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     # into its stderr before killing it: that is how a hung rank is told apart
     # from the ranks waiting for it in a collective.
     faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
+    watchdog.start()  # exit if the agent or the pytest process dies (SIGKILL leaves no one to stop us)
     job = RankJob.read(Path(argv[0]))
     runner: Runner = import_object(job.spec.runner)(job)  # before CUDA is touched
     ctx = WorkerContext.from_env(job.device)

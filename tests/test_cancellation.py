@@ -1,0 +1,101 @@
+"""Nothing outlives a cancelled run: SIGTERM and SIGKILL of pytest mid-scenario,
+and a rank killed by a signal is the rank blamed, with the signal named."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import CPU_PROFILE, bench_module, leftover_workers
+
+# Thousands of steps: the run is still measuring whenever the test strikes.
+LONG = 'Scenario("long", "ddp", model=TINY, world_size=2, micro_batch=8, global_batch=16, seq_len=32, warmup_steps=1, steps=5000)'
+BASELINE = {"schema_version": 1, "profile": "cpu", "group": "long", "scenarios": {}}
+
+
+def start(project: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
+    project.makepyfile(test_bench=bench_module(f"    {LONG},"))
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", CPU_PROFILE, "--perf-timeout=300",
+           f"--basetemp={project.path / 'tmp'}", *args]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=project.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def ranks(project: pytest.Pytester) -> dict[int, psutil.Process]:
+    found = {}
+    for proc in leftover_workers(project.path):
+        try:
+            if "perfsuite.worker" in proc.cmdline() and "RANK" in proc.environ():
+                found[int(proc.environ()["RANK"])] = proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def wait_until_measuring(project: pytest.Pytester, run: subprocess.Popen[bytes], timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        phases = [p.read_text() for p in (project.path / "tmp").rglob("rank*.phase")]
+        if len(phases) == 2 and all(p.startswith("measure") for p in phases):
+            return
+        assert run.poll() is None, run.stdout.read().decode() if run.stdout else ""
+        time.sleep(0.2)
+    pytest.fail("the scenario never reached its measured steps")
+
+
+def wait_for_no_leftovers(project: pytest.Pytester, within_s: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + within_s
+    while (left := leftover_workers(project.path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_sigint_of_pytest_stops_every_rank_and_leaves_baselines_untouched(
+    project: pytest.Pytester, signum: signal.Signals
+) -> None:
+    baseline = project.path / "baselines" / "cpu" / "long.json"
+    baseline.parent.mkdir(parents=True)
+    baseline.write_text(json.dumps(BASELINE))
+    before = baseline.read_bytes()
+    run = start(project, "--perf-update-baselines")
+    wait_until_measuring(project, run)
+    struck = time.monotonic()
+    run.send_signal(signum)
+    run.wait(15)
+    left = wait_for_no_leftovers(project, 10 - (time.monotonic() - struck))
+    assert not left, [p.cmdline() for p in left]
+    assert baseline.read_bytes() == before
+    out = run.stdout.read().decode() if run.stdout else ""
+    assert run.returncode == pytest.ExitCode.INTERRUPTED, out
+
+
+def test_sigkill_of_pytest_leaves_nothing_running(project: pytest.Pytester) -> None:
+    run = start(project)
+    wait_until_measuring(project, run)
+    workers = leftover_workers(project.path)
+    assert len(ranks(project)) == 2 and len(workers) >= 3  # the agent and both ranks
+    run.kill()  # nothing in pytest runs: the ranks' watchdog and the agent must notice
+    run.wait(5)
+    left = wait_for_no_leftovers(project, 10)
+    assert not left, [p.cmdline() for p in left]
+
+
+def test_a_rank_killed_by_sigkill_is_the_rank_blamed_and_the_signal_named(project: pytest.Pytester) -> None:
+    out = project.path / "r.json"
+    run = start(project, f"--perf-json={out}")
+    wait_until_measuring(project, run)
+    os.kill(ranks(project)[1].pid, signal.SIGKILL)  # what the host's OOM killer does
+    run.wait(60)
+    result = json.loads(out.read_text())["results"][0]
+    assert result["verdict"] == "error"
+    assert result["failure"]["rank"] == 1, result["failure"]
+    assert "killed by SIGKILL (signal 9)" in result["failure"]["message"]
+    assert "OOM killer" in result["failure"]["message"]
+    assert not wait_for_no_leftovers(project, 10)
