@@ -27,6 +27,7 @@ from perfsuite.envs import PythonEnv
 from perfsuite.fingerprint import foreign_gpu_processes, machine_fingerprint
 from perfsuite.flops import mfu, of_peak
 from perfsuite.launch import Launcher
+from perfsuite.launch.devicelock import DeviceBusy
 from perfsuite.launch.slurm import SlurmLauncher
 from perfsuite.launch.torchrun import (
     LocalTorchrun,
@@ -136,6 +137,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="self-test of the gate: workers do PCT%% more real device work per step",
     )
     group.addoption(
+        "--perf-device-wait",
+        metavar="SECONDS",
+        type=float,
+        default=600.0,
+        help="how long a launch waits for GPUs another perfsuite run on this host holds, "
+        "then fails naming that run (default 600)",
+    )
+    group.addoption(
         "--perf-launcher",
         choices=("local", "torchrun", "slurm"),
         default="local",
@@ -189,6 +198,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--perf-repeats must be >= 1, got {config.getoption('--perf-repeats')}")
     if config.getoption("--perf-confirm") < 0:
         raise pytest.UsageError(f"--perf-confirm must be >= 0, got {config.getoption('--perf-confirm')}")
+    if config.getoption("--perf-device-wait") < 0:
+        raise pytest.UsageError(
+            f"--perf-device-wait must be >= 0 seconds, got {config.getoption('--perf-device-wait')}"
+        )
     if config.getoption("--perf-inject-slowdown") < 0:
         raise pytest.UsageError("--perf-inject-slowdown must be a non-negative percentage")
     for flag in ("--perf-nnodes", "--perf-nproc-per-node", "--perf-local-agents"):
@@ -347,7 +360,9 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             slowdown_pct=config.getoption("--perf-inject-slowdown"),
             calibrate=config.getoption("--perf-calibrate"),
             envs=envs,
+            device_wait_s=config.getoption("--perf-device-wait"),
         )
+        _check_xdist(config)
         _check_gpus_idle(config)
         request.addfinalizer(_stop_on_sigterm())
         launcher = config.stash[LAUNCHER_KEY]
@@ -399,6 +414,18 @@ def _launcher(config: pytest.Config) -> Launcher:
     return TorchrunLauncher(topology)
 
 
+def _check_xdist(config: pytest.Config) -> None:
+    """Scenarios on several pytest-xdist workers at once would measure each other."""
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        pytest.fail(
+            f"perfsuite scenarios cannot run under pytest-xdist (this is worker {worker.get('workerid', '?')}): "
+            "parallel scenarios share the machine and measure each other. Run them without -n "
+            "(or with -p no:xdist); perfsuite's own self-tests may use -n, scenarios may not.",
+            pytrace=False,
+        )
+
+
 def _check_gpus_idle(config: pytest.Config) -> None:
     mode = config.getoption("--perf-gpu-busy")
     busy = foreign_gpu_processes() if mode != "ignore" else []
@@ -422,8 +449,8 @@ class Perf:
         """Run and judge ``scenario`` without deciding the test's outcome."""
         try:
             return self.session.run(scenario)
-        except BaselineError as exc:
-            pytest.fail(str(exc), pytrace=False)
+        except (BaselineError, DeviceBusy) as exc:
+            pytest.fail(f"{scenario.id}: {exc}", pytrace=False)
 
     def check(self, scenario: BaseScenario) -> ScenarioResult | None:
         """Run ``scenario`` and pass, fail or skip this test by its verdict.

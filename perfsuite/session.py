@@ -8,7 +8,9 @@ relation check and the scenario's own test share a single measurement.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -29,7 +31,7 @@ from perfsuite.compare import (
 )
 from perfsuite.envs import CURRENT, PythonEnv, build_hint, parse_envs
 from perfsuite.fingerprint import stack_changes, tracked_packages
-from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
+from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob, devicelock
 from perfsuite.launch.procs import launcher_env
 from perfsuite.launch.torchrun import LocalTorchrun, Topology, TopologyError, TorchrunLauncher
 from perfsuite.profiles import HardwareProfile
@@ -61,6 +63,7 @@ class RunSettings:
     slowdown_pct: float = 0.0  # planted extra work per step (gate self-test)
     calibrate: bool = False  # write recommended tolerances into the baselines
     envs: Mapping[str, PythonEnv] = field(default_factory=lambda: parse_envs([]))  # named interpreters
+    device_wait_s: float = 600.0  # how long a launch waits for GPUs another run holds
 
 
 @dataclass(frozen=True)
@@ -315,13 +318,22 @@ class PerfSession:
         runs: list[ScenarioMetrics] = []
         work = scenario.step_work()
         for _ in range(repeats or self.settings.repeats):
-            outcome = self.launcher_for(scenario).run(self._job(scenario, env, slowdown_pct))
+            with self._devices_held(scenario):
+                outcome = self.launcher_for(scenario).run(self._job(scenario, env, slowdown_pct))
             launches.append(outcome)
             self._note_nodes(outcome, env)
             if outcome.status != "ok":
                 return Measurement(tuple(launches), None)
             runs.append(aggregate(outcome.reports, work, scenario.metrics))
         return Measurement(tuple(launches), pool(runs, scenario.metrics))
+
+    def _devices_held(self, scenario: BaseScenario) -> contextlib.AbstractContextManager[None]:
+        """This host's GPUs, held for one launch so that no other run measures on
+        them meanwhile (:mod:`perfsuite.launch.devicelock`); nothing on cpu."""
+        if self.profile.device != "cuda":
+            return contextlib.nullcontext()
+        gpus = [str(gpu["index"]) for gpu in self.fingerprint.get("gpus") or []]
+        return devicelock.hold(gpus, scenario.id, self.settings.device_wait_s, say=_say)
 
     def _job(self, scenario: BaseScenario, env: str = CURRENT, slowdown_pct: float | None = None) -> WorkerJob:
         workdir = Path(tempfile.mkdtemp(prefix=f"{scenario.id}-", dir=self._workroot))
@@ -581,3 +593,8 @@ def calibrated_tolerances(
 
 
 __all__ = ["BaselineError", "PerfSession", "RunSettings", "ScenarioResult"]
+
+
+def _say(message: str) -> None:
+    """Tell the user now, past pytest's output capture (a wait can be minutes)."""
+    print(message, file=sys.__stderr__, flush=True)
