@@ -144,6 +144,24 @@ register(
 )
 register(
     Metric(
+        "samples_per_ref",
+        "samples/ref",
+        "higher",
+        noisy=True,
+        source="steps",
+        across_ranks="slowest_step",
+        across_launches="pool",
+        spread=True,
+        # Normalised by the machine's speed of the moment, so the cpu gate can
+        # be tight; on GPUs no reference runs (the card's speed is the point).
+        tolerances={"cpu": 0.15},
+        description="samples per reference-time: samples/s x the launch's mean time of the fixed reference "
+        "workload (SHA-256 of RankJob.reference_mib MiB on one core) run after each measured step; "
+        "cancels the host's drift and contention",
+    )
+)
+register(
+    Metric(
         "tokens_per_s",
         "tokens/s",
         "higher",

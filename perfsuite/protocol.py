@@ -169,6 +169,10 @@ class RankJob:
     """Warmup ends once the last step times spread less than this (relative)."""
     slowdown_pct: float = 0.0
     """Planted extra device work per step, in percent of a warmup step (gate self-test)."""
+    reference_mib: int = 0
+    """Bytes (MiB) of the fixed reference workload each rank hashes after every
+    measured step, timed, to normalise throughput for the machine's speed of the
+    moment (``samples_per_ref``); 0: none."""
     seed: int = 0
     """Seed for weights and synthetic data."""
 
@@ -214,6 +218,8 @@ class RankReport:
     """Slowest-rank time of each warmup step."""
     steady_state_start: int = 0
     """Warmup steps run before measuring."""
+    reference_times_s: tuple[float, ...] = ()
+    """Time of the reference workload after each measured step (``RankJob.reference_mib``)."""
     losses: tuple[float, ...] = ()
     """Training loss of each measured step (training kinds)."""
     skipped_steps: tuple[int, ...] = ()

@@ -29,6 +29,7 @@ from perfsuite.compare import (
     judge_outcome,
     resolve_tolerances,
 )
+from perfsuite.contention import contended
 from perfsuite.envs import CURRENT, PythonEnv, build_hint, parse_envs
 from perfsuite.fingerprint import stack_changes, tracked_packages
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob, devicelock
@@ -346,6 +347,7 @@ class PerfSession:
             device_memory_cap_mib=self.profile.device_memory_cap_mib,
             steady_threshold=self.profile.steady_threshold,
             slowdown_pct=self.settings.slowdown_pct if slowdown_pct is None else slowdown_pct,
+            reference_mib=self.profile.reference_mib,
         )
         topology = self._topology(scenario)
         per_node = topology.ranks_per_node(scenario.world_size) if topology else None
@@ -386,6 +388,14 @@ class PerfSession:
             )
         tolerances = resolve_tolerances(self._defaults(scenario), scenario.tolerances, baseline)
         judgement = judge_metrics(metrics, baseline, tolerances, self.compare, scenario.metrics)
+        busy = contended(metrics.contention, self.profile.max_foreign_cores, self.profile.max_steal_cores)
+        if judgement.verdict == "regression" and busy:
+            return Judgement(
+                "unreliable",
+                f"measured under contention ({busy}), so not judged a regression: {judgement.message}",
+                judgement.checks,
+                changes,
+            )
         if judgement.verdict != "regression":
             judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
         return Judgement(judgement.verdict, judgement.message, judgement.checks, changes)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from perfsuite import metrics as registry
+from perfsuite.contention import Contention
+from perfsuite.contention import measure as measure_contention
 from perfsuite.protocol import RankReport
 
 
@@ -78,6 +80,8 @@ class ScenarioMetrics:
     """Work per step behind each rate (first launch; each launch's own is used when pooling)."""
     detail: Mapping[str, Any] = field(default_factory=dict)
     """Rank 0's kind-specific facts (first launch)."""
+    contention: Contention | None = None
+    """What other processes took while the steps were measured (the worst launch)."""
 
     def value(self, name: str) -> float:
         """The number compared with baselines and in relations (a Summary's mean)."""
@@ -105,6 +109,7 @@ class ScenarioMetrics:
             "repeats": self.repeats,
             "skipped_steps": self.skipped_steps,
             **({"detail": dict(self.detail)} if self.detail else {}),
+            **({"contention": self.contention.to_json()} if self.contention else {}),
         }
 
     def repeat_summary(self) -> dict[str, Any]:
@@ -120,7 +125,8 @@ def aggregate(ranks: Sequence[RankReport], work: Mapping[str, float], names: Seq
     skipped are left out of the rates and step times. Work the ranks report
     (``RankReport.step_work``) overrides ``work``.
     """
-    work = {**work, **ranks[0].step_work}
+    work = {**work, **ranks[0].step_work, **_per_reference(work, ranks)}
+    names = [n for n in names if registry.get(n).source != "steps" or n in work]
     skipped = {i for r in ranks for i in r.skipped_steps}
     slowest = [max(times) for times in zip(*(r.step_times_s for r in ranks), strict=True)]
     per_step = [t for i, t in enumerate(slowest) if i not in skipped]
@@ -138,7 +144,18 @@ def aggregate(ranks: Sequence[RankReport], work: Mapping[str, float], names: Seq
         skipped_steps=len(skipped),
         step_work=work,
         detail=ranks[0].detail,
+        contention=measure_contention([{"rank": r.rank, **r.health} for r in ranks]),
     )
+
+
+def _per_reference(work: Mapping[str, float], ranks: Sequence[RankReport]) -> dict[str, float]:
+    """Work behind ``samples_per_ref``: samples per step times the launch's mean
+    reference time, so each step's rate is samples per reference-time (none
+    without reference times)."""
+    refs = [t for r in ranks for t in r.reference_times_s]
+    if not refs or "samples_per_s" not in work:
+        return {}
+    return {"samples_per_ref": work["samples_per_s"] * statistics.fmean(refs)}
 
 
 def pool(runs: Sequence[ScenarioMetrics], names: Sequence[str]) -> ScenarioMetrics:
@@ -147,6 +164,7 @@ def pool(runs: Sequence[ScenarioMetrics], names: Sequence[str]) -> ScenarioMetri
     entry's ``across_launches``, and each launch's values kept under ``repeats``."""
     per_step = [t for run in runs for t in run.step_times_s]
     rates = {name: [run.step_work[name] / t for run in runs for t in run.step_times_s] for name in runs[0].step_work}
+    names = [n for n in names if registry.get(n).source != "steps" or n in rates]
     # Each launch's own number (not value()), so exact counts stay ints.
     values = _values(names, rates, lambda m: _reduce(m.across_launches, [_number(run, m.name) for run in runs]))
     first = runs[0]
@@ -163,7 +181,15 @@ def pool(runs: Sequence[ScenarioMetrics], names: Sequence[str]) -> ScenarioMetri
         skipped_steps=sum(run.skipped_steps for run in runs),
         step_work=first.step_work,
         detail=first.detail,
+        contention=_worst(run.contention for run in runs),
     )
+
+
+def _worst(found: Iterable[Contention | None]) -> Contention | None:
+    worst: Contention | None = None
+    for c in found:
+        worst = c.worse(worst) if c is not None else worst
+    return worst
 
 
 def _values(

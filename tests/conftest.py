@@ -20,6 +20,23 @@ TINY = 'ModelSpec("bert", layers=2, hidden=64, heads=2, vocab=512, max_positions
 TINY_SHAPE = "world_size=2, micro_batch=8, global_batch=16, seq_len=32, warmup_steps=1, steps=4"
 
 
+#: A pytester conftest for tests that plant a regression and check its verdict:
+#: regressions are judged however busy the machine is (a neighbouring xdist
+#: worker's launch is contention) and the normalised rate gets the raw rate's
+#: wide tolerance, so the outcome depends on what the test planted only.
+JUDGE_UNDER_CONTENTION = textwrap.dedent(
+    """
+    from dataclasses import replace
+    from perfsuite.profiles import BUILTIN_PROFILES
+
+    def pytest_perfsuite_profiles():
+        cpu = BUILTIN_PROFILES["cpu"]
+        return [replace(cpu, max_foreign_cores=float("inf"), max_steal_cores=float("inf"),
+                        tolerances={**cpu.tolerances, "samples_per_ref": 0.4})]
+    """
+)
+
+
 def bench_module(scenarios: str, imports: str = "") -> str:
     """Source of a benchmark module declaring ``scenarios`` (Python list body)."""
     return textwrap.dedent(

@@ -9,7 +9,8 @@ import textwrap
 import time
 
 import pytest
-from conftest import CPU_PROFILE, FAKE_NVML, TINY_SHAPE, bench_module, leftover_workers
+
+from conftest import CPU_PROFILE, FAKE_NVML, JUDGE_UNDER_CONTENTION, TINY_SHAPE, bench_module, leftover_workers
 
 # A 3-step run of a tiny model swings widely in throughput on a busy 2-core
 # machine; the tolerance is loose so only a planted 10x drop must fail.
@@ -34,6 +35,7 @@ def test_no_baseline_skips_with_the_record_command(project: pytest.Pytester) -> 
 
 
 def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester) -> None:
+    project.makeconftest(JUDGE_UNDER_CONTENTION)
     project.makepyfile(test_bench=bench_module(ONE))
     run(project, "--perf-update-baselines").assert_outcomes(passed=1)
     path = baseline_path(project)
@@ -216,6 +218,7 @@ def test_hooks_choose_profile_and_add_metrics(project: pytest.Pytester) -> None:
 
 
 def test_planted_slowdown_fails_after_confirmation(project: pytest.Pytester) -> None:
+    project.makeconftest(JUDGE_UNDER_CONTENTION)
     project.makepyfile(test_bench=bench_module(f'Scenario("tiny", "fp32", TINY, {TINY_SHAPE}),'))
     run(project, "--perf-update-baselines").assert_outcomes(passed=1)
     # 4x the work per step: far beyond the cpu profile's 40% tolerance.

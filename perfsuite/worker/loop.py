@@ -3,6 +3,7 @@ then time the measured steps with memory and health sampled at each."""
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ class LoopResult:
     peak_mem_mib: float
     memory: dict[str, Any] = field(default_factory=dict)
     health: dict[str, Any] = field(default_factory=dict)
+    reference_times_s: list[float] = field(default_factory=list)
 
     def report(self, rank: int, **fields: Any) -> RankReport:
         """This rank's ``ok`` report of the loop; a kind adds its own ``fields``
@@ -41,6 +43,7 @@ class LoopResult:
             step_times_s=tuple(self.step_times_s),
             warmup_times_s=tuple(self.warmup_times_s),
             steady_state_start=self.steady_state_start,
+            reference_times_s=tuple(self.reference_times_s),
             memory=self.memory,
             health=self.health,
             **fields,
@@ -72,6 +75,27 @@ def burn(seconds: float, ctx: WorkerContext) -> None:
     while time.perf_counter() < deadline:
         a = torch.tanh(a @ a)
         ctx.synchronize()
+
+
+class Reference:
+    """A fixed amount of CPU work (SHA-256 of ``mib`` MiB, one core), timed.
+
+    Run by every rank right after each measured step, outside the step's
+    timer. Its time says how fast this machine runs *right now*: on a busy or
+    slower-clocked host it grows with the steps, so steps per reference time
+    cancels the machine's drift, while a slower stack leaves it alone. It is
+    hashlib (OpenSSL), not torch, so a torch upgrade cannot move the yardstick
+    along with what it measures.
+    """
+
+    def __init__(self, mib: int) -> None:
+        self.data = bytes(range(256)) * (mib * 4096)  # fixed content: the same work every run
+        self.times: list[float] = []
+
+    def __call__(self) -> None:
+        start = time.perf_counter()
+        hashlib.sha256(self.data).digest()
+        self.times.append(time.perf_counter() - start)
 
 
 class StepTimer:
@@ -118,10 +142,21 @@ def measure(step: Step, job: RankJob, ctx: WorkerContext, reporter: Reporter) ->
     if slowdown and not timer.burn_s:  # no warmup allowed: one reference step
         timer.burn_s = slowdown * slowest_rank(timer(), ctx)
     times: list[float] = []
+    reference = Reference(job.reference_mib) if job.reference_mib else None
     with MemoryTracker.for_device(ctx.device) as memory, HealthTracker.for_device(ctx.device) as health:
         for i in range(spec.steps):
             reporter.phase(f"measure step {len(warmup) + i}")
             times.append(timer(last=i == spec.steps - 1))
+            if reference is not None:
+                reference()
             memory.sample()
             health.sample()
-    return LoopResult(times, warmup, len(warmup), memory.result.peak_mem_mib, memory.result.detail, health.result)
+    return LoopResult(
+        times,
+        warmup,
+        len(warmup),
+        memory.result.peak_mem_mib,
+        memory.result.detail,
+        health.result,
+        reference.times if reference is not None else [],
+    )

@@ -69,6 +69,7 @@ class Scenario(BaseScenario):
     kind: ClassVar[str] = "train"
     metrics: ClassVar[tuple[str, ...]] = (
         "samples_per_s",
+        "samples_per_ref",
         "tokens_per_s",
         "peak_mem_mib",
         "model_state_bytes_per_rank",

@@ -1,0 +1,102 @@
+"""A busy machine makes a measurement unreliable, not a regression; the
+reference workload takes the machine's speed out of the gated rate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from perfsuite.contention import contended, measure
+from perfsuite.protocol import RankReport
+from perfsuite.stats import aggregate
+from tests.conftest import CPU_PROFILE, TINY_SHAPE, bench_module
+from tests.test_verdicts import SCENARIO, SLOW, STEADY, FakeLauncher, record, session
+
+
+def busy(host: str = "a", window: float = 10.0, host_busy: float = 25.0, own: float = 10.0) -> dict[str, object]:
+    return {
+        "contention": {
+            "host": host,
+            "host_cpus": 2,
+            "window_s": window,
+            "host_busy_s": host_busy,
+            "host_steal_s": 0.0,
+            "own_cpu_s": own,
+        }
+    }
+
+
+def test_other_processes_cpu_is_the_hosts_busy_time_less_the_ranks_own() -> None:
+    # Two ranks of 10 s each on a host busy for 25 s of a 10 s window: others took 0.5 cores.
+    found = measure([{"rank": 0, **busy()}, {"rank": 1, **busy()}])
+    assert found is not None and found.foreign_cores == pytest.approx(0.5)
+    assert "other processes kept 0.50 of a's 2 CPU cores busy (limit 0.25)" in contended(found, 0.25, 0.1)
+    quiet = measure([{"rank": 0, **busy(host_busy=20.5)}, {"rank": 1, **busy(host_busy=20.5)}])
+    assert quiet is not None and contended(quiet, 0.25, 0.1) == ""
+
+
+def test_the_busiest_host_and_foreign_gpu_processes_are_named() -> None:
+    gpu = busy(host="b", host_busy=10.0)
+    gpu["contention"]["foreign_pids"] = [4242]  # type: ignore[index]
+    gpu["contention"]["foreign_sm_util_pct"] = 63.0  # type: ignore[index]
+    found = measure([{"rank": 0, **busy(host="a", host_busy=30.0)}, {"rank": 1, **gpu}])
+    assert found is not None and found.host == "a" and found.foreign_cores == pytest.approx(2.0)
+    assert "another process computed on rank 1's GPU: pids [4242] at up to 63% SM" in contended(found, 9, 9)
+
+
+def test_a_regression_measured_under_contention_is_unreliable(tmp_path: Path) -> None:
+    record(tmp_path, STEADY)
+    perf, _ = session(tmp_path, [SLOW, SLOW])
+    perf.launcher = FakeLauncher([SLOW, SLOW], health=busy())  # type: ignore[misc]
+    result = perf.run(SCENARIO)
+    assert result.verdict == "unreliable"
+    assert "measured under contention (other processes kept 0.50 of a's 2 CPU cores busy" in result.judgement.message
+    assert "samples_per_s" in result.judgement.message  # what would have been the regression
+
+
+def test_the_normalised_rate_is_samples_per_mean_reference_time() -> None:
+    ranks = [RankReport(rank=r, status="ok", step_times_s=(0.1, 0.2), reference_times_s=(0.004, 0.006)) for r in (0, 1)]
+    metrics = aggregate(ranks, {"samples_per_s": 8.0}, ["samples_per_s", "samples_per_ref"])
+    # 8 samples a step, a reference of 5 ms on average: 0.4 and 0.2 samples per reference-time.
+    assert metrics.value("samples_per_ref") == pytest.approx((0.4 + 0.2) / 2)
+    without = aggregate(
+        [RankReport(rank=0, status="ok", step_times_s=(0.1,))],
+        {"samples_per_s": 8.0},
+        ["samples_per_s", "samples_per_ref"],
+    )
+    assert "samples_per_ref" not in without.values  # no reference ran (GPU profiles)
+
+
+@pytest.fixture
+def busy_core() -> Iterator[subprocess.Popen[bytes]]:
+    """Another process spinning on a core for the length of the test."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_real_busy_core_turns_a_planted_regression_into_unreliable(
+    project: pytest.Pytester, busy_core: subprocess.Popen[bytes]
+) -> None:
+    project.makepyfile(test_bench=bench_module(f'Scenario("tiny", "fp32", TINY, {TINY_SHAPE}),'))
+    project.runpytest_subprocess(CPU_PROFILE, "--perf-update-baselines", "-p", "no:cacheprovider")
+    path = project.path / "baselines" / "cpu" / "tiny.json"
+    doc = json.loads(path.read_text())
+    for name in ("samples_per_s", "samples_per_ref"):
+        doc["scenarios"]["tiny.fp32"]["metrics"][name]["mean"] *= 10  # a 90% drop against it
+    path.write_text(json.dumps(doc))
+    out = project.path / "r.json"
+    result = project.runpytest_subprocess(
+        CPU_PROFILE, f"--perf-json={out}", "--perf-confirm=0", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(skipped=1)
+    (measured,) = json.loads(out.read_text())["results"]
+    assert measured["verdict"] == "unreliable", measured["message"]
+    assert "measured under contention (other processes kept" in measured["message"]
+    assert measured["metrics"]["contention"]["foreign_cores"] > 0.5  # the spinning core, at least
