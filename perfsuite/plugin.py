@@ -6,7 +6,9 @@ verdict fails, skips or passes *that* test, never a session hook.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -41,6 +43,7 @@ from perfsuite.profiles import (
     ProfileRegistry,
     profile_for,
 )
+from perfsuite.progress import Progress
 from perfsuite.relations import Relation, RelationOutcome
 from perfsuite.report import (
     ResultsWriteError,
@@ -367,9 +370,24 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         request.addfinalizer(_stop_on_sigterm())
         launcher = config.stash[LAUNCHER_KEY]
         config.stash[SESSION_KEY] = PerfSession(
-            settings, _fingerprint(config), launcher, _compare(config), _extra_metrics(config)
+            settings, _fingerprint(config), launcher, _compare(config), _extra_metrics(config), _progress(config)
         )
     return config.stash[SESSION_KEY]
+
+
+def _progress(config: pytest.Config) -> Progress:
+    """The live line goes to a terminal only, and not under -q."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or config.get_verbosity() < 0 or not reporter.isatty():
+        return Progress(None)
+    capture = config.pluginmanager.get_plugin("capturemanager")
+
+    def write(text: str) -> None:
+        # During a test pytest captures fd 1; step past it as live logging does.
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            reporter.write(text, flush=True)  # raw: no newline
+
+    return Progress(write, width=shutil.get_terminal_size().columns)
 
 
 def _stop_on_sigterm() -> Callable[[], None]:

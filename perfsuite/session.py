@@ -36,6 +36,7 @@ from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob, devicelock
 from perfsuite.launch.procs import launcher_env
 from perfsuite.launch.torchrun import LocalTorchrun, Topology, TopologyError, TorchrunLauncher
 from perfsuite.profiles import HardwareProfile
+from perfsuite.progress import Progress
 from perfsuite.protocol import RankJob
 from perfsuite.relations import Relation, RelationOutcome, evaluate
 from perfsuite.stats import ScenarioMetrics, Summary, aggregate, pool
@@ -147,8 +148,10 @@ class PerfSession:
         launcher: Launcher,
         compare: Callable[[MetricCheck], MetricCheck] = check_metric,
         extra_metrics: Callable[[ScenarioResult, Ceilings], dict[str, Any]] = no_extra_metrics,
+        progress: Progress | None = None,
     ) -> None:
         self.settings = settings
+        self.progress = progress or Progress(None)
         self.fingerprint = fingerprint
         self.launcher = launcher
         self.compare = compare
@@ -319,8 +322,9 @@ class PerfSession:
         runs: list[ScenarioMetrics] = []
         work = scenario.step_work()
         for _ in range(repeats or self.settings.repeats):
-            with self._devices_held(scenario):
-                outcome = self.launcher_for(scenario).run(self._job(scenario, env, slowdown_pct))
+            job = self._job(scenario, env, slowdown_pct)
+            with self._devices_held(scenario), self.progress.watch(scenario.id, job.reports_dir):
+                outcome = self.launcher_for(scenario).run(job)
             launches.append(outcome)
             self._note_nodes(outcome, env)
             if outcome.status != "ok":

@@ -145,7 +145,7 @@ def measure(step: Step, job: RankJob, ctx: WorkerContext, reporter: Reporter) ->
     reference = Reference(job.reference_mib) if job.reference_mib else None
     with MemoryTracker.for_device(ctx.device) as memory, HealthTracker.for_device(ctx.device) as health:
         for i in range(spec.steps):
-            reporter.phase(f"measure step {len(warmup) + i}")
+            reporter.phase(f"measure step {i + 1}/{spec.steps}")
             times.append(timer(last=i == spec.steps - 1))
             if reference is not None:
                 reference()
