@@ -75,6 +75,12 @@ class SlurmLauncher(TorchrunLauncher):
             ]
         ]
 
+    def agent_env(self, job: WorkerJob, node: int) -> dict[str, str]:
+        # srun reads the allocation's SLURM_NTASKS (set by, say, sbatch
+        # --ntasks-per-node=8) as its task count, ignores --ntasks-per-node=1
+        # and would start that many agents per node: one task per node instead.
+        return {**super().agent_env(job, node), "SLURM_NTASKS": str(self.topology.layout(job.world_size)[0])}
+
     def endpoint(self) -> str:
         assert self.topology.rdzv_endpoint is not None  # from_env always sets it
         return self.topology.rdzv_endpoint
