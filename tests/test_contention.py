@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 
 from perfsuite.contention import contended, measure
 from perfsuite.protocol import RankReport
 from perfsuite.stats import aggregate
-from tests.conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 from tests.test_verdicts import SCENARIO, SLOW, STEADY, FakeLauncher, record, session
 
 

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import CPU_PROFILE, bench_module
 
 from perfsuite.launch import devicelock
-from tests.conftest import CPU_PROFILE, bench_module
 
 HOLDER = textwrap.dedent(
     """

@@ -36,7 +36,6 @@ from cluster import (
     wait_for,
     wait_job_done,
 )
-
 from conftest import CPU_PROFILE
 
 PIPELINE = """

@@ -9,7 +9,6 @@ import textwrap
 import time
 
 import pytest
-
 from conftest import CPU_PROFILE, FAKE_NVML, JUDGE_UNDER_CONTENTION, TINY_SHAPE, bench_module, leftover_workers
 
 # A 3-step run of a tiny model swings widely in throughput on a busy 2-core

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 
 from perfsuite.progress import line, read_phases
-from tests.conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 
 STEPS_SHAPE = TINY_SHAPE.replace("steps=4", "steps=40")  # a few seconds of measuring to watch
 

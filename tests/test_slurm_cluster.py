@@ -28,7 +28,6 @@ from cluster import (
     wait_for,
     wait_job_done,
 )
-
 from conftest import CPU_PROFILE, TINY_SHAPE, bench_module, leftover_workers
 
 ONE = f'Scenario("tiny", "fp32", TINY, {TINY_SHAPE}),'

@@ -67,9 +67,7 @@ def hold(
 
 
 @contextlib.contextmanager
-def _hold_one(
-    device: str, what: str, deadline: float, wait_s: float, say: Callable[[str], None]
-) -> Iterator[None]:
+def _hold_one(device: str, what: str, deadline: float, wait_s: float, say: Callable[[str], None]) -> Iterator[None]:
     lock = FileLock(str(lock_dir() / f"gpu-{device}.lock"))
     while True:
         try:

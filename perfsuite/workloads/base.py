@@ -29,7 +29,10 @@ OUTCOMES: tuple[str, ...] = get_args(Outcome)
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 
 
-def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+def _frozen_mapping(owner: str, name: str, value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    # Checked before anything iterates it, so a list or a number is named, not a TypeError.
+    if value is not None and not isinstance(value, Mapping):
+        raise fail(owner, name, f"must be a dict, got {value!r}")
     return MappingProxyType(dict(value or {}))
 
 
@@ -97,7 +100,10 @@ class BaseScenario:
 
     def __post_init__(self) -> None:
         for name in ("tolerances", "max_imbalance", "expect", "variants"):
-            object.__setattr__(self, name, _frozen_mapping(getattr(self, name)))
+            object.__setattr__(self, name, _frozen_mapping(self.id, name, getattr(self, name)))
+        for key, overrides in self.variants.items():
+            if not isinstance(overrides, Mapping):
+                raise fail(self.id, f"variants[{key!r}]", f"must be a dict of field overrides, got {overrides!r}")
         self.validate()
         self._validate_variants()
 
@@ -196,6 +202,8 @@ class BaseScenario:
             "group": self.group,
             "name": self.name,
             "kind": self.kind,
+            "primary": self.primary,
+            **({"reference": self.reference} if self.reference else {}),
             "world_size": self.world_size,
             "nodes": self.nodes,
             "env": self.env or "current",
@@ -224,7 +232,7 @@ class BaseScenario:
         for key, overrides in self.variants.items():
             unknown = set(overrides) - allowed
             if unknown:
-                raise fail(self.id, f"variants[{key!r}]", f"overrides unknown fields {sorted(unknown)}")
+                raise fail(self.id, f"variants[{key!r}]", f"overrides unknown fields {', '.join(sorted(map(repr, unknown)))}")
             try:
                 dataclasses.replace(self, variants={}, **overrides)
             except ScenarioError as exc:

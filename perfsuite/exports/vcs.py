@@ -1,0 +1,52 @@
+"""The git commit a run measured, read from the pytest rootdir.
+
+Both exporters name the same commit: pytest-benchmark's own helper reads the
+current directory instead, which need not be the project's checkout.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What git says about the checkout; every field None outside one."""
+
+    id: str | None = None  # full hash
+    time: str | None = None  # committer date, ISO 8601 with offset
+    author_time: str | None = None
+    dirty: bool = False  # tracked files differ from the commit
+    branch: str | None = None
+
+    @property
+    def short(self) -> str | None:
+        return self.id[:7] if self.id else None
+
+
+def current_commit(root: Path) -> Commit:
+    """HEAD of the checkout ``root`` is in; an empty Commit when ``root`` is
+    not in one or git is not installed (a run must not fail for that)."""
+    head = _git(root, "rev-parse", "HEAD")
+    if head is None:
+        return Commit()
+    times = (_git(root, "show", "-s", "--format=%cI%n%aI", "HEAD") or "\n").splitlines()
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD")
+    return Commit(
+        id=head,
+        time=times[0] or None,
+        author_time=times[1] if len(times) > 1 else None,
+        dirty=bool(status),
+        branch=None if branch in (None, "HEAD") else branch,
+    )
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None

@@ -1,0 +1,116 @@
+"""The HTML page: a jinja2 template filled with the summary, the charts and,
+with a history folder, the trend charts."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from perfsuite.htmlreport import plots, summary
+from perfsuite.htmlreport import results as res
+
+TEMPLATE = "page.html.j2"
+#: Config fields shown under a scenario's heading, when the kind has them.
+CONFIG_FIELDS = ("kind", "world_size", "nodes", "strategy", "precision", "micro_batch", "global_batch", "seq_len")
+
+
+def render(document: Mapping[str, Any], source: str, history: Path | None = None) -> str:
+    """The page for ``document`` (read from ``source``); trends from ``history`` when given."""
+    template = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
+        resources.files(__package__).joinpath(TEMPLATE).read_text()
+    )
+    return template.render(
+        title=f"perfsuite report: {res.headline(document)}",
+        source=source,
+        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        headline=res.headline(document),
+        machine=_machine(document.get("machine") or {}),
+        columns=summary.COLUMNS,
+        rows=[(summary.row(r), res.style(r["verdict"])) for r in document["results"]],
+        overview=plots.overview(document),
+        relations=document.get("relations") or [],
+        ranking=_ranking(document.get("ranking") or {}),
+        seed=[(r["id"], summary.throughput(r), summary.peak_mib(r), res.reference(r)) for r in document["results"]],
+        scenarios=[_scenario(r) for r in document["results"]],
+        trends=_trends(document, history) if history is not None else None,
+        history=str(history) if history is not None else "",
+        relation_style=res.relation_style,
+    )
+
+
+def write(path: Path, page: str) -> None:
+    """Through a temp file and a rename, like perfsuite.files.atomic_write_json:
+    a CI step publishing the page never picks up half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(page)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _machine(machine: Mapping[str, Any]) -> list[tuple[str, str]]:
+    gpus = ", ".join(str(g.get("name", "?")) for g in machine.get("gpus") or [] if isinstance(g, Mapping))
+    packages = ", ".join(f"{k} {v}" for k, v in (machine.get("packages") or {}).items())
+    facts = [("host", machine.get("host")), ("cpu", machine.get("cpu")), ("cpus", machine.get("cpu_count")),
+             ("gpus", gpus or "none"), ("python", machine.get("python")), ("packages", packages)]  # fmt: skip
+    return [(k, str(v)) for k, v in facts if v not in (None, "")]
+
+
+def _ranking(ranking: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Per group, the scenarios fastest first."""
+    found = []
+    for group, orders in ranking.items():
+        by_time = orders.get("by_time") if isinstance(orders, Mapping) else None
+        if by_time:
+            found.append((group, " > ".join(str(entry.get("id")) for entry in by_time)))
+    return found
+
+
+def _scenario(result: res.Result) -> dict[str, Any]:
+    config = result.get("config") or {}
+    facts = ", ".join(f"{k} {config[k]}" for k in CONFIG_FIELDS if config.get(k) not in (None, ""))
+    return {
+        "id": result["id"],
+        "verdict": result["verdict"],
+        "style": res.style(result["verdict"]),
+        "message": result.get("message") or "",
+        "facts": facts,
+        "reference": res.reference(result),
+        "chart": plots.scenario(result),
+    }
+
+
+def _trends(document: Mapping[str, Any], directory: Path) -> list[dict[str, Any]]:
+    """Each scenario's primary metric across the history, with change points.
+
+    Imported here: only ``--history`` needs the history store."""
+    from perfsuite.exports import history
+
+    runs = history.load(directory, document["profile"])
+    charts = []
+    for result in document["results"]:
+        name = res.primary_metric(result)
+        points = history.series(runs, result["id"], name) if name else []
+        if name is None or len(points) < 2:
+            continue
+        changes = history.change_points(points)
+        title = f"{result['id']}: {name} over {len(points)} runs"
+        notes = [
+            f"{c.rel_change:+.1%} at {(c.commit or '?')[:10]} ({c.before_mean:.4g} -> {c.after_mean:.4g}, "
+            f"p={c.p_value:.3f})"
+            for c in changes
+        ]
+        charts.append({"title": title, "chart": plots.trend(points, changes, title, res.unit(name)),
+                       "changes": notes})  # fmt: skip
+    return charts

