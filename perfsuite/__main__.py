@@ -1,4 +1,9 @@
-"""Command line: ``python -m perfsuite calibrate|selftest|doctor``.
+"""Command line: ``python -m perfsuite calibrate|selftest|doctor|history|report|summary``.
+
+``history`` shows a scenario's metric over the commits of a ``--perf-history``
+store with its change points (:mod:`perfsuite.exports.historycmd`); ``report``
+renders a results file as one HTML page and ``summary`` as a text or markdown
+table (:mod:`perfsuite.htmlreport`).
 
 ``doctor`` says whether this machine can run the suite: fingerprint and
 profile, which engines import and pass a 2-step smoke run, which scenarios
