@@ -221,6 +221,9 @@ def check_options(config: pytest.Config) -> dict[str, PythonEnv]:
         raise pytest.UsageError(f"{FLAG} needs --perf-repeats N with N >= 3 pairs for its paired test")
     if not 0 <= config.getoption("--perf-ab-tolerance") < 1:
         raise pytest.UsageError("--perf-ab-tolerance must be in [0, 1)")
+    slowdown = config.getoption("--perf-ab-inject-slowdown")
+    if not (math.isfinite(slowdown) and slowdown >= 0):  # nan passes no comparison
+        raise pytest.UsageError(f"--perf-ab-inject-slowdown must be a non-negative percentage, got {slowdown}")
     return envs
 
 

@@ -14,6 +14,7 @@ run did not measure are left untouched. A corrupt or schema-invalid file raises
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -91,23 +92,31 @@ def _parse_entry(path: Path, key: str, raw: Any) -> BaselineEntry:
                 f"{where}.tolerances.{name}",
                 f"must name a registered metric ({', '.join(m.name for m in METRICS)}) with a value in [0, 1)",
             )
+    fingerprint = raw.get("fingerprint") or {}
+    if not isinstance(fingerprint, dict):  # an update rewrites it as an object
+        raise _problem(path, f"{where}.fingerprint", f"must be an object, got {fingerprint!r}")
     known = {"expected", "metrics", "tolerances", "fingerprint", "note"}
     return BaselineEntry(
         expected=expected,
         metrics=metrics,
         tolerances=tolerances,
-        fingerprint=raw.get("fingerprint") or {},
+        fingerprint=fingerprint,
         note=str(raw.get("note", "")),
         extra={k: v for k, v in raw.items() if k not in known},
     )
 
 
 def _check_metric(path: Path, where: str, value: Any) -> None:
+    # A nan or infinite baseline would pass or fail every comparison silently.
     if isinstance(value, dict):
-        if not isinstance(value.get("mean"), (int, float)):
-            raise _problem(path, where, "must hold a numeric 'mean'")
-    elif not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise _problem(path, where, f"must be a number or {{mean, std, n}}, got {value!r}")
+        if not _finite(value.get("mean")):
+            raise _problem(path, where, f"must hold a finite numeric 'mean', got {value.get('mean')!r}")
+    elif not _finite(value):
+        raise _problem(path, where, f"must be a finite number or {{mean, std, n}}, got {value!r}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def load_group_file(path: Path) -> dict[str, BaselineEntry]:

@@ -7,6 +7,7 @@ verdict fails, skips or passes *that* test, never a session hook.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -194,19 +195,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "perfsuite: a perfsuite benchmark scenario")
-    timeout = config.getoption("--perf-timeout")
-    if timeout is not None and timeout <= 0:
-        raise pytest.UsageError(f"--perf-timeout must be a positive number of seconds, got {timeout}")
+    _check_number(config, "--perf-timeout", "a positive number of seconds", lambda x: x > 0)
     if config.getoption("--perf-repeats") < 1:
         raise pytest.UsageError(f"--perf-repeats must be >= 1, got {config.getoption('--perf-repeats')}")
     if config.getoption("--perf-confirm") < 0:
         raise pytest.UsageError(f"--perf-confirm must be >= 0, got {config.getoption('--perf-confirm')}")
-    if config.getoption("--perf-device-wait") < 0:
-        raise pytest.UsageError(
-            f"--perf-device-wait must be >= 0 seconds, got {config.getoption('--perf-device-wait')}"
-        )
-    if config.getoption("--perf-inject-slowdown") < 0:
-        raise pytest.UsageError("--perf-inject-slowdown must be a non-negative percentage")
+    _check_number(config, "--perf-device-wait", ">= 0 seconds", lambda x: x >= 0)
+    _check_number(config, "--perf-inject-slowdown", "a non-negative percentage", lambda x: x >= 0)
     for flag in ("--perf-nnodes", "--perf-nproc-per-node", "--perf-local-agents"):
         value = config.getoption(flag)
         if value is not None and value < 1:
@@ -221,6 +216,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--perf-profile"):
         _profile(config)  # fail fast on an unknown profile name
     config.stash[LAUNCHER_KEY] = _launcher(config)  # e.g. slurm outside an allocation
+
+
+def _check_number(config: pytest.Config, flag: str, what: str, ok: Callable[[float], bool]) -> None:
+    """A float flag's value: nan passes no comparison and inf is no setting, so both are refused."""
+    value = config.getoption(flag)
+    if value is not None and not (math.isfinite(value) and ok(value)):
+        raise pytest.UsageError(f"{flag} must be {what}, got {value}")
 
 
 def _fingerprint(config: pytest.Config) -> dict[str, Any]:
@@ -260,8 +262,8 @@ def _priced(config: pytest.Config, profile: HardwareProfile) -> HardwareProfile:
             raise pytest.UsageError(
                 f"ini option perf_gpu_hour_price must be a number, got {config.getini('perf_gpu_hour_price')!r}"
             ) from None
-    if price is not None and price < 0:
-        raise pytest.UsageError(f"--perf-gpu-hour-price must be >= 0, got {price}")
+    if price is not None and not (math.isfinite(price) and price >= 0):
+        raise pytest.UsageError(f"--perf-gpu-hour-price (ini: perf_gpu_hour_price) must be >= 0, got {price}")
     currency = config.getoption("--perf-currency") or config.getini("perf_currency") or profile.currency
     return replace(profile, gpu_hour_price=price if price is not None else profile.gpu_hour_price, currency=currency)
 

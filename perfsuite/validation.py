@@ -4,6 +4,7 @@ names the owner and the field. Torch-free leaf."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,5 +30,6 @@ def check_choice(owner: str, name: str, value: Any, choices: Iterable[str]) -> N
 
 
 def check_positive(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise fail(owner, name, f"must be a positive number, got {value!r}")
+    # nan passes every comparison, and inf is no setting (a timeout, a learning rate) that can run.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise fail(owner, name, f"must be a positive finite number, got {value!r}")

@@ -12,6 +12,7 @@ Torch-free.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
@@ -151,8 +152,8 @@ class BaseScenario:
             if not self.metric(metric, "max_imbalance").imbalance:
                 allowed = [m for m in self.metrics if registry.get(m).imbalance]
                 raise fail(owner, "max_imbalance", f"names {metric!r}; use one of {', '.join(allowed)}")
-            if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 1:
-                raise fail(owner, "max_imbalance", f"[{metric!r}] must be a ratio >= 1, got {limit!r}")
+            if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 1 <= limit < math.inf:
+                raise fail(owner, "max_imbalance", f"[{metric!r}] must be a finite ratio >= 1, got {limit!r}")
         for key, outcome in self.expect.items():
             if outcome not in OUTCOMES:
                 raise fail(owner, "expect", f"[{key!r}] must be one of {OUTCOMES}, got {outcome!r}")
@@ -232,7 +233,9 @@ class BaseScenario:
         for key, overrides in self.variants.items():
             unknown = set(overrides) - allowed
             if unknown:
-                raise fail(self.id, f"variants[{key!r}]", f"overrides unknown fields {', '.join(sorted(map(repr, unknown)))}")
+                raise fail(
+                    self.id, f"variants[{key!r}]", f"overrides unknown fields {', '.join(sorted(map(repr, unknown)))}"
+                )
             try:
                 dataclasses.replace(self, variants={}, **overrides)
             except ScenarioError as exc:

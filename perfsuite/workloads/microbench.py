@@ -131,13 +131,14 @@ class Microbench(BaseScenario):
         elif self.layer:
             raise fail(owner, "layer", f"only applies to op 'layer', not {self.op!r}")
         if self.op == "matmul_best":
-            if not self.search or not all(isinstance(s, tuple) and len(s) == 3 for s in self.search):
+            search = self.search if isinstance(self.search, tuple) else ()
+            if not search or not all(isinstance(s, tuple) and len(s) == 3 for s in search):
                 raise fail(owner, "search", "must list (m, n, k) shapes for op 'matmul_best'")
             for shape in self.search:
                 for size in shape:
                     check_int(owner, "search", size, 1)
-        elif self.search:
-            raise fail(owner, "search", f"only applies to op 'matmul_best', not {self.op!r}")
+        elif self.search != ():
+            raise fail(owner, "search", f"only applies to op 'matmul_best', not {self.op!r}, got {self.search!r}")
         if self.dtype in ("tf32", "fp8") and self.op not in ("matmul", "matmul_best"):
             raise fail(owner, "dtype", f"{self.dtype!r} is a matmul mode; op {self.op!r} takes fp32, fp16 or bf16")
 

@@ -112,8 +112,9 @@ class TrainerScenario(BaseScenario):
     (the Trainer's schedule decides how many steps run)."""
 
     def __post_init__(self) -> None:
-        for key, overrides in (self.variants or {}).items():
-            if "steps" in overrides:
+        variants = self.variants if isinstance(self.variants, Mapping) else {}  # the base names a non-dict
+        for key, overrides in variants.items():
+            if isinstance(overrides, Mapping) and "steps" in overrides:
                 raise fail(self.id, f"variants[{key!r}]", "overrides 'steps', which trainer scenarios derive")
         object.__setattr__(self, "steps", self._derived_steps())
         super().__post_init__()
@@ -121,8 +122,8 @@ class TrainerScenario(BaseScenario):
     def _derived_steps(self) -> int:
         try:
             return self.optimizer_steps - self.warmup_steps
-        except (TypeError, ZeroDivisionError):
-            return 0  # an invalid field: validate() names it
+        except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+            return 0  # an invalid field (a string, 0, nan): validate() names it
 
     # -- validation ---------------------------------------------------------------------
     def validate(self) -> None:
