@@ -4,7 +4,8 @@ config with random weights (nothing is downloaded).
 This ``__init__`` is torch-free, because scenarios (in the pytest process)
 declare and validate a :class:`ModelSpec`. The builders live beside it and
 import torch: :mod:`perfsuite.models.build` (entry point and synthetic
-batches), :mod:`perfsuite.models.hf` (transformers' BERT and GPT-2) and
+batches), :mod:`perfsuite.models.hf` (transformers' BERT, BERT with a
+sequence-classification head, and GPT-2) and
 :mod:`perfsuite.models.megatron_gpt` (a GPT of plain ``nn.Linear`` layers that
 tensor and pipeline parallelism can split).
 """
@@ -18,7 +19,9 @@ from typing import Literal
 
 from perfsuite.validation import check_choice, check_int, fail
 
-Objective = Literal["mlm", "causal_lm"]
+Objective = Literal["mlm", "causal_lm", "classification"]
+#: Classes of the ``classification`` objective's synthetic labels (binary, like GLUE's MRPC or SST-2).
+CLASSIFICATION_LABELS = 2
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,8 @@ class ModelFamily:
     builder: str
     """``module:function`` that builds the ``nn.Module`` from a ModelSpec (rank side)."""
     objective: Objective
-    """Training labels of its synthetic batches: masked-LM (15% of tokens) or next-token."""
+    """Training labels of its synthetic batches: masked-LM (15% of tokens), next-token,
+    or one class per row (sequence classification)."""
     description: str = ""
 
 
@@ -39,6 +43,12 @@ FAMILIES: Mapping[str, ModelFamily] = MappingProxyType(
         f.name: f
         for f in (
             ModelFamily("bert", "perfsuite.models.hf:bert", "mlm", "transformers BertForMaskedLM"),
+            ModelFamily(
+                "bert_cls",
+                "perfsuite.models.hf:bert_cls",
+                "classification",
+                "transformers BertForSequenceClassification (fine-tuning)",
+            ),
             ModelFamily("gpt2", "perfsuite.models.hf:gpt2", "causal_lm", "transformers GPT2LMHeadModel"),
             ModelFamily(
                 "megatron_gpt",
@@ -84,4 +94,4 @@ class ModelSpec:
         return FAMILIES[self.family].objective
 
 
-__all__ = ["FAMILIES", "ModelFamily", "ModelSpec"]
+__all__ = ["CLASSIFICATION_LABELS", "FAMILIES", "ModelFamily", "ModelSpec"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from perfsuite.models import FAMILIES, ModelSpec
+from perfsuite.models import CLASSIFICATION_LABELS, FAMILIES, ModelSpec
 from perfsuite.protocol import import_object
 
 MLM_PROBABILITY = 0.15  # BERT pre-training masks 15% of tokens
@@ -29,6 +29,8 @@ def synthetic_batch(
         # Masked-LM: predict 15% of positions, ignore the rest.
         masked = torch.rand(shape, generator=gen) < MLM_PROBABILITY
         labels = torch.where(masked, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+    elif spec.objective == "classification":
+        labels = torch.randint(0, CLASSIFICATION_LABELS, (rows,), generator=gen)  # one class per row
     else:
         labels = input_ids.clone()  # causal LM: the model shifts labels itself
     return {"input_ids": input_ids.to(device), "labels": labels.to(device)}

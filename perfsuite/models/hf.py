@@ -3,23 +3,47 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
-from perfsuite.models import ModelSpec
+from perfsuite.models import CLASSIFICATION_LABELS, ModelSpec
 
 
-def bert(m: ModelSpec) -> nn.Module:
-    from transformers import BertConfig, BertForMaskedLM
+def _bert_config(m: ModelSpec, **extra: Any) -> Any:
+    from transformers import BertConfig
 
-    config = BertConfig(
+    return BertConfig(
         vocab_size=m.vocab,
         hidden_size=m.hidden,
         num_hidden_layers=m.layers,
         num_attention_heads=m.heads,
         intermediate_size=m.ffn_size,
         max_position_embeddings=m.max_positions,
+        **extra,
     )
-    return BertForMaskedLM(config)
+
+
+def bert(m: ModelSpec) -> nn.Module:
+    from transformers import BertForMaskedLM
+
+    return BertForMaskedLM(_bert_config(m))
+
+
+def bert_cls(m: ModelSpec) -> nn.Module:
+    """BERT with a sequence-classification head (transformers 4.44 to 5.x).
+
+    ``problem_type`` is set up front: the model otherwise infers it during its
+    first call, a change that makes torch.compile recompile on step 2. Attention
+    is transformers' eager implementation (the seed's), in every row alike:
+    ORTModule 1.19 cannot build the gradient of SDPA with attention dropout
+    (``GradientBuilderBase::O ... OutputDefs().size()``)."""
+    from transformers import BertForSequenceClassification
+
+    config = _bert_config(
+        m, num_labels=CLASSIFICATION_LABELS, problem_type="single_label_classification", attn_implementation="eager"
+    )
+    return BertForSequenceClassification(config)
 
 
 def gpt2(m: ModelSpec) -> nn.Module:

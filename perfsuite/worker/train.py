@@ -11,6 +11,7 @@ from perfsuite.models.build import build_model, synthetic_batch
 from perfsuite.primitives import count_state_bytes
 from perfsuite.protocol import RankJob, RankReport
 from perfsuite.strategies.base import StrategyContext, load_strategy
+from perfsuite.worker import graph
 from perfsuite.worker.base import Runner
 from perfsuite.worker.loop import measure
 from perfsuite.worker.runtime import Reporter, WorkerContext
@@ -43,6 +44,7 @@ class TrainRunner(Runner):
 
     def check(self, ctx: WorkerContext) -> None:
         self.strategy_cls.check(self.context(ctx))
+        graph.check(self.spec.graph, ctx.device)
 
     def run(self, ctx: WorkerContext, reporter: Reporter) -> RankReport:
         spec = self.spec
@@ -59,18 +61,20 @@ class TrainRunner(Runner):
         ]
         reporter.phase("wrap")
         strategy = self.strategy_cls(self.context(ctx))
-        strategy.setup(model)
+        graph.setup(strategy, model, spec.graph, ctx.device)
         del model  # the strategy holds what it needs; a stray reference skews memory
         losses: deque[float] = deque(maxlen=spec.steps)
         applied: deque[bool] = deque(maxlen=spec.steps)
         state: dict[str, int] = {}
         counter = itertools.count()
+        compiles = graph.CompileWatch(spec.graph)
 
         def step(last: bool) -> None:
             index = next(counter)
-            for micro in range(accum):
-                batch = batches[(index + micro) % len(batches)]
-                loss = strategy.forward_backward(batch, micro == accum - 1)
+            with compiles:
+                for micro in range(accum):
+                    batch = batches[(index + micro) % len(batches)]
+                    loss = strategy.forward_backward(batch, micro == accum - 1)
             if last:
                 # After backward, before the optimizer step: gradients and
                 # optimizer states coexist.
@@ -98,6 +102,7 @@ class TrainRunner(Runner):
             skipped_steps=skipped,
             metrics=rank_metrics(result.peak_mem_mib, state),
             model_state=state,
+            detail=compiles.detail(result.warmup_times_s, result.step_times_s),
         )
 
 

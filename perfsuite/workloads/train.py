@@ -23,6 +23,10 @@ from perfsuite.workloads.base import BaseScenario
 
 Precision = Literal["fp32", "fp16", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+Graph = Literal["eager", "compile", "ort"]
+GRAPHS: tuple[str, ...] = get_args(Graph)
+#: Engines a graph optimization composes with: it wraps the module the engine trains.
+GRAPH_ENGINES = ("ddp",)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ class TrainSpec(WorkloadSpec):
     """Tokens per row."""
     lr: float
     """AdamW learning rate."""
+    graph: Graph = "eager"
+    """Graph optimization of the model (:mod:`perfsuite.worker.graph`)."""
 
     def engine_options(self) -> EngineOptions:
         """The options as the engine's typed dataclass."""
@@ -95,9 +101,17 @@ class Scenario(BaseScenario):
     """Tokens per row."""
     lr: float = 1e-4
     """AdamW learning rate."""
+    graph: Graph = "eager"
+    """``eager`` (plain PyTorch), ``compile`` (torch.compile, inductor) or ``ort``
+    (onnxruntime-training's ORTModule, which needs ``env="ort"``: see ``make env-ort``).
+    The compile or export happens in the first warmup step; its time is reported
+    as ``detail.compile_s``, never in the measured steps."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "strategy_options", MappingProxyType(dict(self.strategy_options)))
+        options = self.strategy_options
+        if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
+            raise fail(self.id, "strategy_options", f"must be a dict of option names to values, got {options!r}")
+        object.__setattr__(self, "strategy_options", MappingProxyType(dict(options)))
         super().__post_init__()
 
     # -- validation ---------------------------------------------------------------------
@@ -121,6 +135,17 @@ class Scenario(BaseScenario):
                 f"{' or '.join(engine.model_families)} (a model splittable into stages with nn.Linear projections)",
             )
         self._validate_layout(owner)
+        self._validate_graph(owner)
+
+    def _validate_graph(self, owner: str) -> None:
+        check_choice(owner, "graph", self.graph, GRAPHS)
+        if self.graph != "eager" and self.strategy not in GRAPH_ENGINES:
+            raise fail(
+                owner,
+                "graph",
+                f"{self.graph!r} composes only with strategy {' or '.join(map(repr, GRAPH_ENGINES))} "
+                f"(it wraps the module that engine trains), got strategy {self.strategy!r}",
+            )
 
     def _engine_or_fail(self) -> EngineSpec:
         if not isinstance(self.strategy, str) or not self.strategy:
@@ -186,10 +211,16 @@ class Scenario(BaseScenario):
     def at_world_size(self, size: int) -> Scenario:
         """The same experiment on ``size`` ranks: the layout's tp x pp and each
         replica's batch stay, so the global batch scales with the data-parallel ranks."""
-        tp_pp = self.layout.tp * self.layout.pp
+        # Called by the base checks before this kind's own: name a bad engine or layout here.
+        self._engine_or_fail()
+        try:
+            layout = self.layout
+        except LayoutError as exc:
+            raise fail(self.id, "strategy_options", f"describes an invalid layout: {exc}") from None
+        tp_pp = layout.tp * layout.pp
         if size % tp_pp:
             raise fail(self.id, "world_sizes", f"{size} is not a multiple of tp x pp = {tp_pp}")
-        per_replica = self.global_batch // self.layout.dp
+        per_replica = self.global_batch // layout.dp
         return dataclasses.replace(self, world_size=size, world_sizes=(), global_batch=per_replica * (size // tp_pp))
 
     def step_work(self) -> Mapping[str, float]:
@@ -214,6 +245,7 @@ class Scenario(BaseScenario):
             grad_accum=self.grad_accum,
             seq_len=self.seq_len,
             lr=self.lr,
+            graph=self.graph,
         )
 
     def to_config(self) -> dict[str, Any]:
@@ -230,7 +262,8 @@ class Scenario(BaseScenario):
             "grad_accum": self.grad_accum,
             "seq_len": self.seq_len,
             "lr": self.lr,
+            "graph": self.graph,
         }
 
 
-__all__ = ["PRECISIONS", "Precision", "Scenario", "TrainSpec"]
+__all__ = ["GRAPHS", "PRECISIONS", "Graph", "Precision", "Scenario", "TrainSpec"]

@@ -1,0 +1,94 @@
+"""The train kind's ``graph`` field (group graph_optimization): validated at
+declaration, compile time reported apart from the measured steps, and ORT
+rows that skip naming ``make env-ort`` where ORTModule cannot run."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import CPU_PROFILE
+
+from perfsuite import ModelSpec, Scenario, ScenarioError
+from perfsuite.worker.graph import CompileWatch
+
+TINY = ModelSpec("bert_cls", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"graph": "jit"}, "field 'graph' must be one of"),
+        ({"graph": "compile", "strategy": "fsdp2"}, "'compile' composes only with strategy 'ddp'"),
+        ({"graph": "ort", "strategy": "torch_zero"}, "'ort' composes only with strategy 'ddp'"),
+    ],
+)
+def test_the_graph_field_is_validated_at_declaration(fields: dict[str, str], message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        Scenario("g", "s", TINY, world_size=2, micro_batch=2, global_batch=4, seq_len=32, **fields)  # type: ignore[arg-type]
+
+
+def test_a_graph_row_declares_its_mode_in_config() -> None:
+    scenario = Scenario("g", "s", TINY, graph="compile", world_size=2, micro_batch=2, global_batch=4, seq_len=32)
+    assert scenario.to_config()["graph"] == "compile" and scenario.rank_spec().graph == "compile"
+
+
+def _steps(watch: CompileWatch, fn: object, inputs: list[torch.Tensor]) -> None:
+    for x in inputs:
+        with watch:
+            fn(x)  # type: ignore[operator]
+
+
+def test_compile_time_is_reported_apart_from_the_measured_steps() -> None:
+    # dynamo with the eager backend: a real compile (and recompile) in
+    # milliseconds, where inductor would take seconds.
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: torch.tanh(x) * 2, backend="eager")
+    watch = CompileWatch("compile")
+    _steps(watch, fn, [torch.ones(4)] * 5)
+    assert watch.compiled_in == [0]
+    detail = watch.detail(warmup_times_s=[4.5, 1.1, 1.0], step_times_s=[1.0, 1.2, 0.9])
+    assert detail == {"graph": "compile", "compile_s": 3.5, "compile_steps": [0]}
+
+
+def test_a_compile_during_a_measured_step_fails_the_run() -> None:
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: torch.tanh(x) * 2, backend="eager")
+    watch = CompileWatch("compile")
+    _steps(watch, fn, [torch.ones(4)] * 3 + [torch.ones(2, 3)])  # a new shape recompiles in step 3
+    assert watch.compiled_in == [0, 3]
+    with pytest.raises(RuntimeError, match=r"measured step\(s\) \[1\].*raise the scenario's warmup_steps above 3"):
+        watch.detail(warmup_times_s=[4.0, 1.0], step_times_s=[1.0, 2.0])
+
+
+def test_eager_reports_nothing_and_ort_counts_its_export_step() -> None:
+    eager, ort = CompileWatch("eager"), CompileWatch("ort")
+    for watch in (eager, ort):
+        _steps(watch, torch.tanh, [torch.ones(2)] * 3)
+    assert eager.detail([1.0], [1.0]) == {} and ort.compiled_in == [0]
+    assert ort.detail([2.0, 1.0], [1.0, 1.0])["compile_s"] == 1.0
+
+
+ORT_MODULE = textwrap.dedent(
+    """
+    from perfsuite import ModelSpec, Scenario, parametrize
+
+    TINY = ModelSpec("bert_cls", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
+
+    @parametrize([Scenario("g", "ort", TINY, graph="ort", env="ort", world_size=2, micro_batch=2,
+                           global_batch=4, seq_len=32, warmup_steps=1, steps=2)])
+    def test_bench(perf, scenario):
+        perf.check(scenario)
+    """
+)
+
+
+def test_an_ort_row_skips_naming_make_env_ort_where_ortmodule_cannot_run(pytester: pytest.Pytester) -> None:
+    # This interpreter (newer torch, no onnxruntime-training) as the "ort"
+    # environment: the ranks start, find no usable ORTModule and say how to build one.
+    pytester.makepyfile(test_bench=ORT_MODULE)
+    result = pytester.runpytest_subprocess(CPU_PROFILE, f"--perf-env=ort={sys.executable}", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*g.ort*ORTModule cannot be used with torch*`make env-ort`*--perf-env ort=*"])
