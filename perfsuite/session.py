@@ -599,6 +599,8 @@ def calibrated_tolerances(
         if not registry.get(name).noisy:
             tolerances[name] = default
             continue
+        if name not in repeats[0]:
+            continue  # not measured here (samples_per_ref where no reference runs)
         cv = Summary.of([r[name] for r in repeats]).cv
         spread[f"cv_{name}"] = cv
         tolerance = CALIBRATION_SIGMAS * math.sqrt(2) * cv
