@@ -231,7 +231,12 @@ def test_calibrate_command_writes_tolerances(project: pytest.Pytester) -> None:
     result = project.run(sys.executable, "-m", "perfsuite", "calibrate", "test_bench.py", "--repeats", "2", CPU_PROFILE)
     assert result.ret == 0, result.stdout.str()
     entry = json.loads(baseline_path(project).read_text())["scenarios"]["tiny.fp32"]
-    assert set(entry["tolerances"]) == {"samples_per_s", "samples_per_ref", "peak_mem_mib", "model_state_bytes_per_rank"}
+    assert set(entry["tolerances"]) == {
+        "samples_per_s",
+        "samples_per_ref",
+        "peak_mem_mib",
+        "model_state_bytes_per_rank",
+    }
     assert entry["calibration"]["repeats"] == 2
 
 
