@@ -152,11 +152,10 @@ register(
         across_ranks="slowest_step",
         across_launches="pool",
         spread=True,
-        # Normalised by the machine's speed of the moment: tighter than the raw
-        # rate's 40%, but this VM drifts by up to ~25% between sessions and with
-        # what ran before, which the reference does not see (README, "Trusting
-        # the gate"). On GPUs no reference runs (the card's speed is the point).
-        tolerances={"cpu": 0.25},
+        # Recorded and reported, not gated by default: on the 2-core VM it
+        # drifted between runs as much as samples/s did (README, "Trusting the
+        # gate"), so gating it would add false alarms, not sensitivity. A
+        # profile, scenario or baseline tolerance gates it where it helps.
         description="samples per reference-time: samples/s x the launch's mean time of the fixed reference "
         "workload (SHA-256 of RankJob.reference_mib MiB on one core) run after each measured step; "
         "cancels the host's drift and contention",

@@ -233,7 +233,6 @@ def test_calibrate_command_writes_tolerances(project: pytest.Pytester) -> None:
     entry = json.loads(baseline_path(project).read_text())["scenarios"]["tiny.fp32"]
     assert set(entry["tolerances"]) == {
         "samples_per_s",
-        "samples_per_ref",
         "peak_mem_mib",
         "model_state_bytes_per_rank",
     }
