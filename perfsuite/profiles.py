@@ -45,7 +45,9 @@ class HardwareProfile:
     #: Warmup ends once the last 3 step times spread less than this (relative).
     steady_threshold: float = 0.05
     #: MiB of the reference workload each rank times after every measured step
-    #: (``samples_per_ref``); 0: none (GPUs: the card's own speed is the point).
+    #: (``samples_per_ref``); 0: none. Off in the built-in profiles: on the cpu
+    #: VM it did not track the drift, and hashing 8 MiB between steps cooled the
+    #: caches enough to slow a matmul microbenchmark by ~10%.
     reference_mib: int = 0
     #: A regression measured while other processes kept more CPU cores than
     #: this busy (on average, on the busiest host) is ``unreliable``.
@@ -106,8 +108,6 @@ CPU = HardwareProfile(
     # Tiny CPU steps take milliseconds to a second; a CV of 15-40% is normal
     # on a shared 2-core machine, so only chaos is called unreliable.
     max_cv=0.5,
-    # ~5 ms a step on one core (SHA-256 of 8 MiB at ~1.6 GB/s): a few % of a tiny step.
-    reference_mib=8,
     # Measured for model_state_sharding's cpu shape (torch 2.13, DeepSpeed
     # 0.19.8): fp32 DDP needs 1300-1400 MiB; the heaviest run that must fit,
     # bf16 ZeRO-3, needs 1100-1175. 1250 leaves >= 50 MiB on either side.
