@@ -13,17 +13,21 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write_json(path: Path, doc: Any) -> None:
-    """Write ``doc`` as indented JSON through a temp file and a rename."""
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` through a temp file in the same folder and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(doc, handle, indent=2, sort_keys=True)
-            handle.write("\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_json(path: Path, doc: Any) -> None:
+    """Write ``doc`` as indented JSON, sorted keys, atomically."""
+    atomic_write_text(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -337,8 +337,11 @@ class PerfSession:
         them meanwhile (:mod:`perfsuite.launch.devicelock`); nothing on cpu."""
         if self.profile.device != "cuda":
             return contextlib.nullcontext()
-        gpus = [str(gpu["index"]) for gpu in self.fingerprint.get("gpus") or []]
-        return devicelock.hold(gpus, scenario.id, self.settings.device_wait_s, say=_say)
+        return devicelock.hold(self._gpu_labels(), scenario.id, self.settings.device_wait_s, say=_say)
+
+    def _gpu_labels(self) -> tuple[str, ...]:
+        """This host's GPUs as NVML labels them (index, or UUID under CUDA_VISIBLE_DEVICES)."""
+        return tuple(str(gpu["index"]) for gpu in self.fingerprint.get("gpus") or [])
 
     def _job(self, scenario: BaseScenario, env: str = CURRENT, slowdown_pct: float | None = None) -> WorkerJob:
         workdir = Path(tempfile.mkdtemp(prefix=f"{scenario.id}-", dir=self._workroot))
@@ -355,14 +358,15 @@ class PerfSession:
         )
         topology = self._topology(scenario)
         per_node = topology.ranks_per_node(scenario.world_size) if topology else None
-        devices = tuple(str(gpu["index"]) for gpu in self.fingerprint.get("gpus") or [])
         python = self.settings.envs[env]
         worker_env = {
             **self.settings.worker_env,
             **({} if python.is_current else python.worker_env()),
             **launcher_env(),  # ranks exit if this process dies, even by SIGKILL
         }
-        return WorkerJob(rank_job, scenario.world_size, timeout, workdir, worker_env, per_node, devices, python.python)
+        return WorkerJob(
+            rank_job, scenario.world_size, timeout, workdir, worker_env, per_node, self._gpu_labels(), python.python
+        )
 
     # -- judgement ------------------------------------------------------------
     def _judge(self, scenario: BaseScenario, measurement: Measurement, baseline: BaselineEntry | None) -> Judgement:

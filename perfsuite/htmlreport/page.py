@@ -3,8 +3,6 @@ with a history folder, the trend charts."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from importlib import resources
@@ -13,6 +11,7 @@ from typing import Any
 
 import jinja2
 
+from perfsuite.files import atomic_write_text
 from perfsuite.htmlreport import plots, summary
 from perfsuite.htmlreport import results as res
 
@@ -46,17 +45,8 @@ def render(document: Mapping[str, Any], source: str, history: Path | None = None
 
 
 def write(path: Path, page: str) -> None:
-    """Through a temp file and a rename, like perfsuite.files.atomic_write_json:
-    a CI step publishing the page never picks up half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(page)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Atomically: a CI step publishing the page never picks up half of it."""
+    atomic_write_text(path, page)
 
 
 def _machine(machine: Mapping[str, Any]) -> list[tuple[str, str]]:

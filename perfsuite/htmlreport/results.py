@@ -10,22 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite import metrics as registry
+from perfsuite.compare import FAILING
 from perfsuite.workloads import BaseScenario
 
 Result = Mapping[str, Any]
 
-#: How each verdict is shown: ``bad`` for the verdicts that fail the run
-#: (perfsuite.compare.FAILING, which tests/test_htmlreport.py keeps in step).
+#: How each verdict is shown: ``bad`` for the verdicts that fail the run.
 VERDICT_STYLE: Mapping[str, str] = {
     "pass": "good",
     "improved": "good",
     "recorded": "good",
     "expected_oom": "good",
-    "regression": "bad",
-    "unexpected_oom": "bad",
-    "unexpected_pass": "bad",
-    "error": "bad",
-    "imbalance": "bad",
+    **dict.fromkeys(FAILING, "bad"),
     "unreliable": "warn",
     "no_baseline": "warn",
     "skipped": "muted",

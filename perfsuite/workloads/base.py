@@ -199,18 +199,14 @@ class BaseScenario:
     def to_config(self) -> dict[str, Any]:
         """The resolved scenario as plain JSON, for the results file."""
         return {
-            "id": self.id,
+            **self.spec_fields(),
             "group": self.group,
             "name": self.name,
             "kind": self.kind,
             "primary": self.primary,
             **({"reference": self.reference} if self.reference else {}),
-            "world_size": self.world_size,
             "nodes": self.nodes,
             "env": self.env or "current",
-            "warmup_steps": self.warmup_steps,
-            "max_warmup_steps": self.warmup_limit,
-            "steps": self.steps,
         }
 
     # -- shared behaviour -------------------------------------------------------------
