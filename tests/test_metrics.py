@@ -140,8 +140,10 @@ def test_a_registered_metric_of_a_new_kind_is_recorded_and_gated(pytester: pytes
     out = pytester.path / "r.json"
     again = pytester.runpytest_subprocess(*run, f"--perf-json={out}")
     again.assert_outcomes(passed=1)
-    again.stdout.fnmatch_lines(["collectives.allreduce_16mib*ok*GB/s*pass*"])
+    again.stdout.fnmatch_lines(["collectives.allreduce_16mib*ok*GB/s*"])
     (result,) = json.loads(out.read_text())["results"]
+    # Gated, and green: this VM's drift can take the rerun past the upper tolerance ("improved").
+    assert result["verdict"] in ("pass", "improved"), result["message"]
     assert result["config"]["kind"] == "allreduce"
     assert [c["metric"] for c in result["checks"]] == ["allreduce_busbw_gbps", "peak_mem_mib"]
 

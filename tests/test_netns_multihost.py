@@ -38,6 +38,8 @@ from cluster import (
 )
 from conftest import CPU_PROFILE
 
+from perfsuite.launch.torchrun import AGENT_MODULE
+
 PIPELINE = """
 from perfsuite import ModelSpec, Scenario, parametrize
 
@@ -161,9 +163,7 @@ def test_killing_one_hosts_agent_ends_the_other_side_classified(hosts: Hosts, pr
     phases = project.path / "tmp"
     wait_for("both ranks measuring", lambda: measuring(phases) == 2, 90, [log])
     (agent,) = [
-        p
-        for p in module_processes(project.path, "torch.distributed.run")
-        if hosts.namespace_of(p.pid) == hosts.second.netns
+        p for p in module_processes(project.path, AGENT_MODULE) if hosts.namespace_of(p.pid) == hosts.second.netns
     ]
     killed = time.monotonic()
     with contextlib.suppress(psutil.NoSuchProcess):

@@ -15,7 +15,7 @@ from conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 
 from perfsuite.progress import line, read_phases
 
-STEPS_SHAPE = TINY_SHAPE.replace("steps=4", "steps=40")  # a few seconds of measuring to watch
+STEPS_SHAPE = TINY_SHAPE.replace("steps=4", "steps=120")  # a few seconds of measuring to watch
 
 
 def test_the_line_shows_rank_zeros_phase_the_rank_behind_and_the_time(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def run_on_a_terminal(project: pytest.Pytester, *args: str) -> str:
 def test_a_terminal_sees_the_scenario_its_phase_and_step_count(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=bench_module(f'Scenario("tiny", "fp32", TINY, {STEPS_SHAPE}),'))
     drawn = run_on_a_terminal(project)
-    assert "\rtiny.fp32: measure step " in drawn and "/40" in drawn, drawn[-2000:]
+    assert "\rtiny.fp32: measure step " in drawn and "/120" in drawn, drawn[-2000:]
     quiet = run_on_a_terminal(project, "-q")
     assert "tiny.fp32: measure step" not in quiet
 

@@ -30,6 +30,8 @@ from cluster import (
 )
 from conftest import CPU_PROFILE, TINY_SHAPE, bench_module, leftover_workers
 
+from perfsuite.launch.torchrun import AGENT_MODULE
+
 ONE = f'Scenario("tiny", "fp32", TINY, {TINY_SHAPE}),'
 LONG = 'Scenario("tiny", "long", TINY, world_size=2, micro_batch=8, global_batch=16, seq_len=32, steps=100000),'
 #: One node whose two tasks are the scenario's two ranks (SLURM_NTASKS_PER_NODE).
@@ -79,7 +81,7 @@ def slurm_env_of_ranks(slurm: SlurmCluster, job_id: str, marker: Path, log: Path
 
     wait_for("2 ranks running", up, 60, [log])
     # One torchrun agent (srun's single task on the node) runs both ranks.
-    agents = module_processes(marker, "torch.distributed.run")
+    agents = module_processes(marker, AGENT_MODULE)
     assert len(agents) == 1, [p.info["cmdline"] for p in agents]
     return found
 

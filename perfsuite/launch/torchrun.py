@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from perfsuite.launch.base import Launcher, LaunchOutcome, WorkerJob, classify
 from perfsuite.launch.procs import TOKEN_VAR, dump_worker_stacks, kill_tagged
 
+#: torchrun's main, minus the interpreter teardown.
+AGENT_MODULE = "perfsuite.launch.agent"
+
 
 class TopologyError(ValueError):
     """The requested nodes x ranks do not match the scenario."""
@@ -85,12 +88,12 @@ class TorchrunLauncher(Launcher):
         self.topology = topology or Topology()
 
     def agent_command(self, job: WorkerJob, endpoint: str, run_id: str, node: int) -> list[str]:
-        """``python -m torch.distributed.run ...`` for the agent of one node."""
+        """``python -m perfsuite.launch.agent ...`` (torchrun, :mod:`perfsuite.launch.agent`) for the agent of one node."""
         nodes, per_node = self.topology.layout(job.world_size)
         return [
             job.python,
             "-m",
-            "torch.distributed.run",
+            AGENT_MODULE,
             "--nnodes",
             str(nodes),
             "--nproc-per-node",

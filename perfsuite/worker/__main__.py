@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import gc
+import logging
+import os
 import platform
 import signal
 import sys
@@ -83,5 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown. Unloading torch, transformers
+    and the engines takes 0.5-1.2 s per rank, measured on 2 cores, and the
+    agent waits for it on every launch. Nothing is left to run by then: the
+    report is written and the process group destroyed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

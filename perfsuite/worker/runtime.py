@@ -109,8 +109,11 @@ class Reporter:
         folder.mkdir(parents=True, exist_ok=True)
 
     def phase(self, text: str) -> None:
-        # Plain overwrite: a torn read only shows a shorter phase string.
-        (self.folder / f"rank{self.rank}.phase").write_text(text)
+        # Replaced whole, never truncated in place: the progress line polls
+        # these files and would otherwise read an empty phase mid-write.
+        tmp = self.folder / f".rank{self.rank}.phase.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.folder / f"rank{self.rank}.phase")
 
     def write(self, report: RankReport) -> None:
         report.write(self.folder / f"rank{self.rank}.json")
