@@ -47,7 +47,7 @@ def test_slurm_starts_one_torchrun_agent_per_node(tmp_path: Path) -> None:
     assert cmd[5:7] == ["bash", "-c"]
     inner = cmd[7]
     words = shlex.split(inner)
-    assert words[1:3] == ["-m", "perfsuite.launch.agent"]
+    assert words[1:3] == ["-m", "perfsuite.worker.agent"]
     for flag, value in (
         ("--nnodes", "2"),
         ("--nproc-per-node", "8"),

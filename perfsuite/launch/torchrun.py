@@ -21,7 +21,7 @@ from perfsuite.launch.base import Launcher, LaunchOutcome, WorkerJob, classify
 from perfsuite.launch.procs import TOKEN_VAR, dump_worker_stacks, kill_tagged
 
 #: torchrun's main, minus the interpreter teardown.
-AGENT_MODULE = "perfsuite.launch.agent"
+AGENT_MODULE = "perfsuite.worker.agent"
 
 
 class TopologyError(ValueError):
@@ -88,7 +88,7 @@ class TorchrunLauncher(Launcher):
         self.topology = topology or Topology()
 
     def agent_command(self, job: WorkerJob, endpoint: str, run_id: str, node: int) -> list[str]:
-        """``python -m perfsuite.launch.agent ...`` (torchrun, :mod:`perfsuite.launch.agent`) for the agent of one node."""
+        """``python -m perfsuite.worker.agent ...`` (torchrun, :mod:`perfsuite.worker.agent`) for the agent of one node."""
         nodes, per_node = self.topology.layout(job.world_size)
         return [
             job.python,

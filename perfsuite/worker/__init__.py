@@ -1,4 +1,5 @@
-"""Rank side: runs inside each rank that torchrun starts (``python -m perfsuite.worker``).
+"""Rank side: runs inside each rank that torchrun starts (``python -m perfsuite.worker``),
+and the torchrun agent that starts them (:mod:`perfsuite.worker.agent`).
 
 Entry point, per-rank runtime, the measured loop every kind shares, memory and
 health trackers, and one runner per workload kind. Imports torch, engines

@@ -1,4 +1,5 @@
-"""``python -m perfsuite.launch.agent ARGS``: a torchrun agent.
+"""``python -m perfsuite.worker.agent ARGS``: a torchrun agent (launched side,
+beside the ranks it starts; the launcher only names this module).
 
 It is ``torch.distributed.run``'s own ``main`` with the same arguments, output
 and exit status, except that it leaves without the interpreter's teardown:
