@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import CPU_PROFILE, TINY
+from conftest import CPU_PROFILE
 
 from perfsuite import ModelSpec, ScenarioError
 from perfsuite.workloads.trainer import TrainerScenario
@@ -103,11 +103,11 @@ def test_the_step_clock_splits_warmup_and_lists_skipped_updates(tmp_path: Path) 
     assert clock.memory.result.peak_mem_mib > 0 and clock.health.result["samples"] == 6
 
 
-BENCH = f"""
+BENCH = """
 from perfsuite import ModelSpec, parametrize
 from perfsuite.workloads.trainer import TrainerScenario
 
-TINY = {TINY}
+TINY = ModelSpec("bert", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)  # the Trainer needs a masked LM
 SHAPE = dict(per_device_batch=4, grad_accum=2, train_samples=64, eval_samples=32, seq_len=32, warmup_steps=2)
 SCENARIOS = [
     TrainerScenario("trainer", "tiny", TINY, world_size=2, **SHAPE),
