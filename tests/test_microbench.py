@@ -104,20 +104,26 @@ def test_microbench_matmul_agrees_with_a_plain_matmul_loop_and_the_search_keeps_
 ) -> None:
     project.makepyfile(test_bench=MODULE)
     out = project.path / "r.json"
-    plain_runs = [plain_matmul_tflops(), plain_matmul_tflops()]
-    result = project.runpytest_subprocess(CPU_PROFILE, f"--perf-json={out}", "-p", "no:cacheprovider", "-v")
-    plain_runs.append(plain_matmul_tflops())
-    result.assert_outcomes(skipped=2)  # no baselines: measured, then no_baseline
-    doc = json.loads(out.read_text())
-    results = {r["id"]: r for r in doc["results"]}
-
     # The same shape timed by a plain loop twice before and once after:
     # perfsuite's figure is within 10% of a plain run of those same minutes.
     # Not of their median: the plain runs alone spread by up to 20% on this
     # machine (CI measured 0.152, 0.164 before and 0.183 after a 0.181 run).
-    measured = results["mb.matmul_fp32"]["metrics"]["tflops"]["mean"]
-    closest = min(abs(measured / plain - 1) for plain in plain_runs)
-    assert closest <= 0.10, (measured, plain_runs)
+    # A second round where the first disagrees: the VM once ran a whole
+    # launch at half speed (0.102 against 0.20, 0.197 and 0.182, with no
+    # process of its own busy), and a real bias in perfsuite fails both rounds.
+    rounds = []
+    for _ in range(2):
+        plain_runs = [plain_matmul_tflops(), plain_matmul_tflops()]
+        result = project.runpytest_subprocess(CPU_PROFILE, f"--perf-json={out}", "-p", "no:cacheprovider", "-v")
+        plain_runs.append(plain_matmul_tflops())
+        result.assert_outcomes(skipped=2)  # no baselines: measured, then no_baseline
+        results = {r["id"]: r for r in json.loads(out.read_text())["results"]}
+        measured = results["mb.matmul_fp32"]["metrics"]["tflops"]["mean"]
+        rounds.append((measured, plain_runs))
+        if min(abs(measured / plain - 1) for plain in plain_runs) <= 0.10:
+            break
+    else:
+        pytest.fail(f"perfsuite's matmul TFLOP/s vs the plain loop's, per round: {rounds}")
 
     best = results["mb.best_fp32"]["metrics"]
     table = best["detail"]["search"]
