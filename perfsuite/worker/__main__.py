@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import gc
-import logging
-import os
 import platform
 import signal
 import sys
@@ -25,6 +23,7 @@ import torch.distributed as dist
 from perfsuite.protocol import EngineUnavailable, RankJob, RankReport, RankStatus, import_object
 from perfsuite.worker import watchdog
 from perfsuite.worker.base import Runner
+from perfsuite.worker.quickexit import exit_now
 from perfsuite.worker.runtime import (
     Reporter,
     WorkerContext,
@@ -83,17 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     return code
-
-
-def exit_now(code: int) -> None:
-    """Exit without the interpreter's teardown. Unloading torch, transformers
-    and the engines takes 0.5-1.2 s per rank, measured on 2 cores, and the
-    agent waits for it on every launch. Nothing is left to run by then: the
-    report is written and the process group destroyed."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

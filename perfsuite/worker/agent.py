@@ -2,17 +2,17 @@
 beside the ranks it starts; the launcher only names this module).
 
 It is ``torch.distributed.run``'s own ``main`` with the same arguments, output
-and exit status, except that it leaves without the interpreter's teardown:
-unloading torch takes ~0.5 s (measured on 2 cores), and every launch waits for
-its agents to exit. By then the workers are gone and torchrun has printed its
-error summary. torch is imported only here, in the agent's process.
+and exit status, except that it leaves without the interpreter's teardown
+(:mod:`perfsuite.worker.quickexit`). torch is imported only here, in the
+agent's process.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
+
+from perfsuite.worker.quickexit import exit_now
 
 
 def exit_status(exc: SystemExit) -> int:
@@ -33,9 +33,7 @@ def main() -> None:
     except BaseException:  # printed, exit 1: as an uncaught one would be
         traceback.print_exc()
         code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 if __name__ == "__main__":

@@ -110,7 +110,8 @@ class Reporter:
 
     def phase(self, text: str) -> None:
         # Replaced whole, never truncated in place: the progress line polls
-        # these files and would otherwise read an empty phase mid-write.
+        # these files and would otherwise read an empty phase mid-write. Not
+        # files.atomic_write_text: its fsync on every step is not wanted here.
         tmp = self.folder / f".rank{self.rank}.phase.tmp"
         tmp.write_text(text)
         os.replace(tmp, self.folder / f"rank{self.rank}.phase")
