@@ -386,17 +386,19 @@ class PerfSession:
         if decided is not None or baseline is None:
             return decided or Judgement("no_baseline", "no baseline recorded")
         changes = tuple(stack_changes(dict(baseline.fingerprint), self.current_fingerprint(self.env_of(scenario))))
+        busy = contended(metrics.contention, self.profile.max_foreign_cores, self.profile.max_steal_cores)
         primary = metrics.summary(scenario.primary)
         if primary is not None and primary.cv > self.profile.max_cv:
+            # Name the contention when it was measured: it is the likely cause of the spread.
+            cause = f"measured under contention ({busy})" if busy else "busy or throttled machine?"
             return Judgement(
                 "unreliable",
                 f"{scenario.primary} varies too much to judge: CV {primary.cv:.1%} over this "
-                f"profile's limit {self.profile.max_cv:.0%} (busy or throttled machine?)",
+                f"profile's limit {self.profile.max_cv:.0%} ({cause})",
                 stack_changes=changes,
             )
         tolerances = resolve_tolerances(self._defaults(scenario), scenario.tolerances, baseline)
         judgement = judge_metrics(metrics, baseline, tolerances, self.compare, scenario.metrics)
-        busy = contended(metrics.contention, self.profile.max_foreign_cores, self.profile.max_steal_cores)
         if judgement.verdict == "regression" and busy:
             return Judgement(
                 "unreliable",

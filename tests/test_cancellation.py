@@ -48,6 +48,22 @@ def wait_until_measuring(project: pytest.Pytester, run: subprocess.Popen[bytes],
     pytest.fail("the scenario never reached its measured steps")
 
 
+# The sweep gives each process 5 s after SIGTERM and 5 s after SIGKILL; then
+# pytest reports and exits. Seen once at over 15 s with the other xdist worker busy.
+EXIT_WITHIN_S = 30.0
+
+
+def wait_for_exit(run: subprocess.Popen[bytes], within_s: float) -> None:
+    """Wait for ``run`` to exit; fail with its output and its processes if it does not."""
+    try:
+        run.wait(within_s)
+    except subprocess.TimeoutExpired:
+        tree = [f"{p.pid} {p.status()} {p.cmdline()[:4]}" for p in psutil.Process(run.pid).children(recursive=True)]
+        run.kill()
+        out = run.stdout.read().decode() if run.stdout else ""
+        pytest.fail(f"pytest still running {within_s:.0f} s after the signal; its processes {tree}\n{out[-3000:]}")
+
+
 def wait_for_no_leftovers(project: pytest.Pytester, within_s: float) -> list[psutil.Process]:
     deadline = time.monotonic() + within_s
     while (left := leftover_workers(project.path)) and time.monotonic() < deadline:
@@ -67,7 +83,7 @@ def test_sigterm_or_sigint_of_pytest_stops_every_rank_and_leaves_baselines_untou
     wait_until_measuring(project, run)
     struck = time.monotonic()
     run.send_signal(signum)
-    run.wait(15)
+    wait_for_exit(run, EXIT_WITHIN_S)
     left = wait_for_no_leftovers(project, 10 - (time.monotonic() - struck))
     assert not left, [p.cmdline() for p in left]
     assert baseline.read_bytes() == before

@@ -15,7 +15,7 @@ from conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 from perfsuite.contention import contended, measure
 from perfsuite.protocol import RankReport
 from perfsuite.stats import aggregate
-from tests.test_verdicts import SCENARIO, SLOW, STEADY, FakeLauncher, record, session
+from tests.test_verdicts import NOISY, SCENARIO, SLOW, STEADY, FakeLauncher, record, session
 
 
 def busy(host: str = "a", window: float = 10.0, host_busy: float = 25.0, own: float = 10.0) -> dict[str, object]:
@@ -57,6 +57,16 @@ def test_a_regression_measured_under_contention_is_unreliable(tmp_path: Path) ->
     assert result.verdict == "unreliable"
     assert "measured under contention (other processes kept 0.50 of a's 2 CPU cores busy" in result.judgement.message
     assert "samples_per_s" in result.judgement.message  # what would have been the regression
+
+
+def test_too_much_spread_under_contention_names_the_contention(tmp_path: Path) -> None:
+    record(tmp_path, STEADY)
+    perf, _ = session(tmp_path, [NOISY])
+    perf.launcher = FakeLauncher([NOISY], health=busy())  # type: ignore[misc]
+    result = perf.run(SCENARIO)
+    assert result.verdict == "unreliable"
+    assert "varies too much to judge" in result.judgement.message
+    assert "measured under contention (other processes kept 0.50 of a's 2 CPU cores busy" in result.judgement.message
 
 
 def test_the_normalised_rate_is_samples_per_mean_reference_time() -> None:
