@@ -65,7 +65,7 @@ MODULE = textwrap.dedent(
     """
     from perfsuite import ModelSpec, Scenario, parametrize
 
-    TINY = ModelSpec("gpt2", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
+    TINY = ModelSpec("megatron_gpt", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
     SHAPE = dict(world_size=1, micro_batch=4, global_batch=4, seq_len=32, warmup_steps=1, max_warmup_steps=1, steps=3)
     SCENARIOS = [
         Scenario("g", "here", TINY, **SHAPE),

@@ -80,11 +80,11 @@ OOM_CONFTEST = """
 from perfsuite.profiles import HardwareProfile
 
 def pytest_perfsuite_profiles():
-    # 256 MiB per rank above the imported libraries: the tiny BERT fits, a
-    # 28M-parameter one (450 MiB of weights, grads and Adam states) cannot.
+    # 256 MiB per rank above the imported libraries: the tiny GPT fits, a
+    # 44M-parameter one (700 MiB of weights, grads and Adam states) cannot.
     return [HardwareProfile("cpu-256m", "cpu", rank_memory_budget_mib=256, aliases=("cpu",))]
 """
-BIG = 'ModelSpec("bert", layers=4, hidden=512, heads=8, vocab=30522, max_positions=32)'
+BIG = 'ModelSpec("megatron_gpt", layers=4, hidden=512, heads=8, vocab=30522, max_positions=32)'
 
 
 def test_expected_oom_passes_and_unexpected_outcomes_fail(project: pytest.Pytester) -> None:

@@ -11,7 +11,7 @@ pytest.importorskip("deepspeed", reason="deepspeed is not installed: pip install
 MODULE = f"""
 from perfsuite import ModelSpec, Relation, Scenario, parametrize_relations
 
-TINY = ModelSpec("gpt2", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
+TINY = ModelSpec("megatron_gpt", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
 DDP = Scenario("shard", "ddp_amp", TINY, {TINY_SHAPE}, precision="bf16")
 ZERO2 = Scenario("shard", "zero2_amp", TINY, {TINY_SHAPE}, precision="bf16",
                  strategy="deepspeed_zero", strategy_options={{"stage": STAGE}})
