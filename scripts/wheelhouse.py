@@ -5,8 +5,9 @@ the node and run ``make bench WHEELHOUSE=DIR`` there: it installs with pip's
 ``--no-index --find-links DIR`` and no isolated build, so nothing is fetched.
 
 1. perfsuite itself and the engines PyPI ships only as sources (DeepSpeed,
-   fairscale) are built here into wheels. They are pure Python; one that is
-   not is refused, since it would not run on another platform.
+   fairscale), those whose extra is asked for, are built here into wheels.
+   They are pure Python; one that is not is refused, since it would not run
+   on another platform.
 2. pip resolves ``perfsuite[EXTRAS]`` for the target Python and platform
    (``--dry-run --report``, metadata only) and every resolved package is
    downloaded as a wheel for that target.
@@ -54,8 +55,10 @@ def platform_flags(python: str, platform: str) -> list[str]:
     return flags
 
 
-def build_local(root: Path, wheelhouse: Path) -> None:
-    pip("wheel", "--no-deps", "-q", "-w", str(wheelhouse), str(root), *SOURCE_ONLY)
+def build_local(root: Path, wheelhouse: Path, extras: str) -> None:
+    """perfsuite, and the source-only engines whose extra is asked for."""
+    engines = [name for name in SOURCE_ONLY if name in extras.split(",")]
+    pip("wheel", "--no-deps", "-q", "-w", str(wheelhouse), str(root), *engines)
     impure = [w.name for w in wheelhouse.glob("*.whl") if not w.name.endswith("-none-any.whl")]
     if impure:
         raise SystemExit(f"wheelhouse: these built wheels are not pure Python, build them on the target: {impure}")
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     ns.wheelhouse.mkdir(parents=True, exist_ok=True)
     flags = platform_flags(ns.python, ns.platform)
-    build_local(ns.root, ns.wheelhouse)
+    build_local(ns.root, ns.wheelhouse, ns.extras)
     pinned = resolve(ns.wheelhouse, ns.extras, flags, ns.with_torch)
     pip("download", "-q", "--no-deps", "-d", str(ns.wheelhouse), *flags, *pinned)
     (ns.wheelhouse / "requirements.txt").write_text("\n".join(pinned) + "\n")

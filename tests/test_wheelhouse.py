@@ -48,6 +48,7 @@ def test_the_project_installs_from_a_wheelhouse_with_no_index(tmp_path: Path) ->
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     names = {p.name.split("-")[0].lower() for p in wheels.glob("*.whl")}
     assert {"perfsuite", "torch", "transformers", "scipy", "setuptools"} <= names
+    assert not {"deepspeed", "fairscale"} & names  # their extras were not asked for
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
