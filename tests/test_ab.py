@@ -109,22 +109,23 @@ def test_ab_of_the_same_interpreter_passes(project: pytest.Pytester) -> None:
     assert ab["verdict"] == "pass" and {c["metric"] for c in ab["comparisons"]} == {"samples_per_s", "peak_mem_mib"}
 
 
-# A neighbour test starting up can slow one base launch several-fold (with a
-# 5x planted slowdown, one such pair of 3 sank the significance, twice in CI),
-# so the candidate does 21x the work: no neighbour's load comes near that.
+# Alone: a neighbour test starting up can slow one base launch several-fold,
+# and with 3 pairs one such pair sinks the significance (seen twice in CI; and
+# once more with 21x the work planted, so no size of slowdown makes it safe).
+@pytest.mark.serial
 def test_ab_catches_a_planted_slowdown_in_the_candidate(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=MODULE)
     out = project.path / "r.json"
     result = project.runpytest_subprocess(
         CPU_PROFILE, TWIN, "-k", "here", "--perf-ab=current,twin", "--perf-repeats=3",
-        "--perf-ab-inject-slowdown=2000", f"--perf-json={out}",
+        "--perf-ab-inject-slowdown=400", f"--perf-json={out}",
     )  # fmt: skip
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*g.here: A/B regression: twin vs current: samples_per_s: -*", "*perfsuite A/B*"])
     (ab,) = json.loads(out.read_text())["ab"]
     assert [launch["env"] for launch in ab["launches"]] == ["current", "twin"] * 3
     throughput = next(c for c in ab["comparisons"] if c["metric"] == "samples_per_s")
-    assert throughput["outcome"] == "regression" and throughput["change"] < -0.8  # 21x the work per step
+    assert throughput["outcome"] == "regression" and throughput["change"] < -0.4  # 5x the work per step
     assert not any((project.path / "baselines").iterdir()), "A/B reads and writes no baselines"
 
 
