@@ -208,6 +208,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"{flag} must be >= 1, got {value}")
     if config.getoption("--perf-launcher") == "local" and config.getoption("--perf-nnodes") > 1:
         raise pytest.UsageError("--perf-nnodes > 1 needs --perf-launcher=torchrun or slurm")
+    _check_endpoint(config)
     if config.getoption("--perf-calibrate") and config.getoption("--perf-repeats") < 2:
         raise pytest.UsageError("--perf-calibrate needs --perf-repeats N with N >= 2 to see the spread")
     maxbatch.check_options(config)
@@ -216,6 +217,25 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--perf-profile"):
         _profile(config)  # fail fast on an unknown profile name
     config.stash[LAUNCHER_KEY] = _launcher(config)  # e.g. slurm outside an allocation
+
+
+def _check_endpoint(config: pytest.Config) -> None:
+    """``--perf-rdzv-endpoint``: HOST:PORT, for the torchrun launcher only (the
+    local one takes a free loopback port, Slurm's the allocation's first node)."""
+    value = config.getoption("--perf-rdzv-endpoint")
+    if value is None:
+        return
+    if config.getoption("--perf-launcher") != "torchrun":
+        raise pytest.UsageError(
+            "--perf-rdzv-endpoint only applies with --perf-launcher=torchrun "
+            f"(--perf-launcher={config.getoption('--perf-launcher')} chooses its own endpoint)"
+        )
+    host, _, port = value.rpartition(":")
+    bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
+    if not host.strip("[]") or bare_ipv6 or not port.isdigit() or not 0 < int(port) < 65536:
+        raise pytest.UsageError(
+            f"--perf-rdzv-endpoint takes HOST:PORT with a port in 1-65535 (an IPv6 host in brackets), got {value!r}"
+        )
 
 
 def _check_number(config: pytest.Config, flag: str, what: str, ok: Callable[[float], bool]) -> None:

@@ -182,6 +182,7 @@ def test_bad_scenario_fails_collection_naming_the_field(pytester: pytest.Pyteste
     [
         ("--perf-profile=warp-drive", "*unknown profile 'warp-drive' for --perf-profile*"),
         ("--perf-timeout=-3", "*--perf-timeout must be a positive number*"),
+        ("--perf-rdzv-endpoint=127.0.0.1:29400", "*--perf-rdzv-endpoint only applies with --perf-launcher=torchrun*"),
     ],
 )
 def test_bad_flag_is_a_usage_error(pytester: pytest.Pytester, flag: str, message: str) -> None:

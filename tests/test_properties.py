@@ -561,6 +561,30 @@ def test_free_form_flags_are_accepted_or_refused_by_name(pytester: pytest.Pytest
         assert flag in str(exc), str(exc)
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "accepted"),
+    [
+        ("127.0.0.1:29400", True),
+        ("gpu07:29400", True),
+        ("[::1]:29500", True),
+        ("127.0.0.1", False),
+        (":29400", False),
+        ("gpu07:0", False),
+        ("gpu07:65536", False),
+        ("gpu07:port", False),
+        ("::1:29400", False),
+        ("[]:29400", False),
+    ],
+)
+def test_a_rendezvous_endpoint_is_host_and_port(pytester: pytest.Pytester, endpoint: str, accepted: bool) -> None:
+    args = ["--perf-launcher=torchrun", f"--perf-rdzv-endpoint={endpoint}"]
+    if accepted:
+        _configure(pytester, args)
+        return
+    with pytest.raises(pytest.UsageError, match="--perf-rdzv-endpoint takes HOST:PORT"):
+        _configure(pytester, args)
+
+
 @SLOW
 @given(flag=st.sampled_from([*sorted(FLAGS), "--perf-job"]), value=flag_text)
 def test_a_bad_flag_ends_pytest_with_a_usage_error_not_a_traceback(
