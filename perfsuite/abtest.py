@@ -100,6 +100,8 @@ class Launch:
     status: str
     values: dict[str, float] = field(default_factory=dict)
     message: str = ""
+    contended: str = ""
+    """Why it was measured under contention ("" if it was not)."""
 
 
 @dataclass
@@ -126,20 +128,22 @@ class ABResult:
         }
 
 
-#: Runs the scenario once in the named environment: (status, metric values, message).
-RunOnce = Callable[[str], tuple[str, dict[str, float], str]]
+#: Runs the scenario once in the named environment: (status, metric values,
+#: message, why it was contended or "").
+RunOnce = Callable[[str], tuple[str, dict[str, float], str, str]]
 
 
 def run_ab(
     scenario_id: str, metrics: Sequence[str], run_once: RunOnce, base: str, candidate: str, pairs: int,
     tolerances: dict[str, float],
 ) -> ABResult:  # fmt: skip
-    """``pairs`` x (base, candidate) launches, alternating, then the comparisons of ``metrics``."""
+    """``pairs`` x (base, candidate) launches, alternating, then the comparisons of ``metrics``.
+    A regression among launches measured under contention is ``unreliable``, not a failure."""
     result = ABResult(scenario_id, base, candidate)
     for pair in range(pairs):
         for env in (base, candidate):
-            status, values, message = run_once(env)
-            result.launches.append(Launch(env, pair, status, values, message))
+            status, values, message, busy = run_once(env)
+            result.launches.append(Launch(env, pair, status, values, message, busy))
             if status != "ok":
                 result.verdict = "skipped" if status == "skipped" else "error"
                 result.message = f"{env} launch {pair + 1} {status}: {message}"
@@ -154,6 +158,10 @@ def run_ab(
     result.verdict = "regression" if worse else "pass"
     shown = worse or result.comparisons
     result.message = f"{candidate} vs {base}: " + "; ".join(c.describe() for c in shown)
+    crowded = "; ".join(f"{x.env} launch {x.pair + 1}: {x.contended}" for x in result.launches if x.contended)
+    if worse and crowded:
+        result.verdict = "unreliable"
+        result.message = f"measured under contention ({crowded}), so not judged a regression: {result.message}"
     return result
 
 
@@ -243,13 +251,15 @@ def check(session: PerfSession, scenario: BaseScenario, config: pytest.Config) -
     tolerances = {resolved.primary: config.getoption("--perf-ab-tolerance")}
     tolerances.update({m: session.profile.tolerance(m) or 0.0 for m in gated[1:]})
 
-    def run_once(env: str) -> tuple[str, dict[str, float], str]:
+    def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
         return session.launch_once(resolved, env, slowdown if env == candidate else 0.0)
 
     result = run_ab(resolved.id, gated, run_once, base, candidate, config.getoption("--perf-repeats"), tolerances)
     config.stash.setdefault(RESULTS_KEY, []).append(result)
     if result.verdict == "skipped":
         pytest.skip(f"{scenario.id}: {result.message}")
+    if result.verdict == "unreliable":  # as the gate does: neither green nor a false alarm
+        pytest.skip(f"{scenario.id}: A/B unreliable: {result.message}")
     if result.verdict in ("regression", "error"):
         pytest.fail(f"{scenario.id}: A/B {result.verdict}: {result.message}", pytrace=False)
     return result

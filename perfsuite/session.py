@@ -301,16 +301,24 @@ class PerfSession:
 
     def launch_once(
         self, scenario: BaseScenario, env: str, slowdown_pct: float = 0.0
-    ) -> tuple[str, dict[str, float], str]:
-        """One fresh launch of a prepared scenario in ``env``: status, each metric's value, failure message."""
+    ) -> tuple[str, dict[str, float], str, str]:
+        """One fresh launch of a prepared scenario in ``env``: status, each metric's value, failure
+        message, and why it was measured under contention ("" if it was not)."""
         skip = self._precondition(scenario, env)
         if skip:
-            return "skipped", {}, skip
+            return "skipped", {}, skip, ""
         measurement = self.measure(scenario, env, slowdown_pct, repeats=1)
-        if measurement.metrics is None:
+        metrics = measurement.metrics
+        if metrics is None:
             outcome = measurement.outcome
-            return outcome.status, {}, outcome.skip_reason or (outcome.failure.describe() if outcome.failure else "")
-        return "ok", {name: measurement.metrics.value(name) for name in measurement.metrics.values}, ""
+            return (
+                outcome.status,
+                {},
+                outcome.skip_reason or (outcome.failure.describe() if outcome.failure else ""),
+                "",
+            )
+        busy = contended(metrics.contention, self.profile.max_foreign_cores, self.profile.max_steal_cores)
+        return "ok", {name: metrics.value(name) for name in metrics.values}, "", busy
 
     def measure(
         self, scenario: BaseScenario, env: str | None = None, slowdown_pct: float | None = None, repeats: int = 0
