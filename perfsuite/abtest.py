@@ -170,7 +170,8 @@ def summary_lines(results: Sequence[ABResult]) -> list[str]:
     for r in results:
         for c in r.comparisons:
             cells = (r.id, c.metric, f"{c.change:+.1%}", f"{c.ci_low:+.1%} .. {c.ci_high:+.1%}", f"{c.p_worse:.3g}")
-            rows.append((*cells, c.outcome))
+            contended = r.verdict == "unreliable" and c.outcome == "regression"
+            rows.append((*cells, "unreliable (contended)" if contended else c.outcome))
         if not r.comparisons:
             rows.append((r.id, "-", "-", "-", "-", f"{r.verdict}: {r.message[:60]}"))
     return table(("scenario", "metric", "change", "95% CI", "p(worse)", "outcome"), rows)

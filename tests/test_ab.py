@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION
 
-from perfsuite.abtest import compare, run_ab
+from perfsuite.abtest import compare, run_ab, summary_lines
 
 BASE = [100.0, 104.0, 97.0, 101.0, 99.0]
 NOISE = [1.01, 0.99, 1.02, 0.98, 1.0]  # launch-to-launch noise of the candidate
@@ -73,6 +73,7 @@ def test_a_regression_measured_under_contention_is_unreliable() -> None:
     assert result.verdict == "unreliable", result.message
     assert result.message.startswith(f"measured under contention (b launch 2: {busy}), so not judged a regression")
     assert [launch.contended for launch in result.launches] == ["", "", "", busy, "", ""]
+    assert "unreliable (contended)" in "\n".join(summary_lines([result]))
 
 
 MODULE = textwrap.dedent(
