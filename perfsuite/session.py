@@ -308,17 +308,11 @@ class PerfSession:
         if skip:
             return "skipped", {}, skip, ""
         measurement = self.measure(scenario, env, slowdown_pct, repeats=1)
-        metrics = measurement.metrics
+        metrics, outcome = measurement.metrics, measurement.outcome
         if metrics is None:
-            outcome = measurement.outcome
-            return (
-                outcome.status,
-                {},
-                outcome.skip_reason or (outcome.failure.describe() if outcome.failure else ""),
-                "",
-            )
-        busy = contended(metrics.contention, self.profile.max_foreign_cores, self.profile.max_steal_cores)
-        return "ok", {name: metrics.value(name) for name in metrics.values}, "", busy
+            failure = outcome.skip_reason or (outcome.failure.describe() if outcome.failure else "")
+            return outcome.status, {}, failure, ""
+        return "ok", {name: metrics.value(name) for name in metrics.values}, "", self._contended(metrics)
 
     def measure(
         self, scenario: BaseScenario, env: str | None = None, slowdown_pct: float | None = None, repeats: int = 0
@@ -394,7 +388,7 @@ class PerfSession:
         if decided is not None or baseline is None:
             return decided or Judgement("no_baseline", "no baseline recorded")
         changes = tuple(stack_changes(dict(baseline.fingerprint), self.current_fingerprint(self.env_of(scenario))))
-        busy = contended(metrics.contention, self.profile.max_foreign_cores, self.profile.max_steal_cores)
+        busy = self._contended(metrics)
         primary = metrics.summary(scenario.primary)
         if primary is not None and primary.cv > self.profile.max_cv:
             # Name the contention when it was measured: it is the likely cause of the spread.
@@ -417,6 +411,10 @@ class PerfSession:
         if judgement.verdict != "regression":
             judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
         return Judgement(judgement.verdict, judgement.message, judgement.checks, changes)
+
+    def _contended(self, metrics: ScenarioMetrics) -> str:
+        """Why ``metrics`` were measured under contention by this profile's limits ("" if they were not)."""
+        return contended(metrics.contention, self.profile.max_foreign_cores, self.profile.max_steal_cores)
 
     def _defaults(self, scenario: BaseScenario) -> dict[str, float]:
         return self.profile.default_tolerances(scenario.metrics)

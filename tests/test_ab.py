@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION
+from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION, TINY
 
 from perfsuite.abtest import compare, run_ab, summary_lines
 
@@ -77,10 +77,10 @@ def test_a_regression_measured_under_contention_is_unreliable() -> None:
 
 
 MODULE = textwrap.dedent(
-    """
+    f"""
     from perfsuite import ModelSpec, Scenario, parametrize
 
-    TINY = ModelSpec("megatron_gpt", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
+    TINY = {TINY}
     SHAPE = dict(world_size=1, micro_batch=4, global_batch=4, seq_len=32, warmup_steps=1, max_warmup_steps=1, steps=3)
     SCENARIOS = [
         Scenario("g", "here", TINY, **SHAPE),

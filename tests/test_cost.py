@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from conftest import CPU_PROFILE
+from conftest import CPU_PROFILE, TINY
 
 from perfsuite.cost import Job, cost_of, estimate, ranking
 
@@ -69,10 +69,10 @@ def test_a_group_is_ranked_by_cost_and_by_time() -> None:
 
 
 MODULE = textwrap.dedent(
-    """
+    f"""
     from perfsuite import Microbench, ModelSpec, Scenario, parametrize
 
-    TINY = ModelSpec("megatron_gpt", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
+    TINY = {TINY}
     SHAPE = dict(micro_batch=4, seq_len=32, warmup_steps=1, steps=3)
     SCENARIOS = [
         Scenario("g", "one", TINY, world_size=1, global_batch=4, **SHAPE),

@@ -4,14 +4,14 @@ scenario misconfigured as stage 0, as an engine regression would leave it."""
 from __future__ import annotations
 
 import pytest
-from conftest import CPU_PROFILE, TINY_SHAPE
+from conftest import CPU_PROFILE, TINY, TINY_SHAPE
 
 pytest.importorskip("deepspeed", reason="deepspeed is not installed: pip install 'perfsuite[deepspeed]'")
 
 MODULE = f"""
 from perfsuite import ModelSpec, Relation, Scenario, parametrize_relations
 
-TINY = ModelSpec("megatron_gpt", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
+TINY = {TINY}
 DDP = Scenario("shard", "ddp_amp", TINY, {TINY_SHAPE}, precision="bf16")
 ZERO2 = Scenario("shard", "zero2_amp", TINY, {TINY_SHAPE}, precision="bf16",
                  strategy="deepspeed_zero", strategy_options={{"stage": STAGE}})
