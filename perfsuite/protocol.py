@@ -24,6 +24,11 @@ from perfsuite.files import atomic_write_json
 #: (``host:pid:create_time``): ranks on its host exit when it is gone.
 LAUNCHER_VAR = "PERFSUITE_LAUNCHER"
 
+#: Each rank names its process ``perfsuite-r<RANK>`` (``ps -o comm``, ``top``,
+#: psutil's ``name()``): a rank forked from its agent shows the agent's command
+#: line and environment, so the name is how a person or a test tells ranks apart.
+RANK_PROCESS_PREFIX = "perfsuite-r"
+
 Device = Literal["cpu", "cuda"]
 RankStatus = Literal["ok", "oom", "crash", "skipped"]
 T = TypeVar("T")
@@ -210,6 +215,9 @@ class RankReport:
     """The exception, for a rank that did not finish."""
     host: str = ""
     """Hostname of the rank's node."""
+    forked: bool = False
+    """Whether the rank was forked from its torchrun agent (a profile's
+    ``rank_start``), rather than started as a fresh interpreter."""
     runtime: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """torch/CUDA/NCCL builds, from each node's local rank 0."""
     step_times_s: tuple[float, ...] = ()

@@ -221,15 +221,20 @@ class PerfSession:
         return topology
 
     def launch_info(self, scenario: BaseScenario, measurement: Measurement) -> dict[str, Any]:
-        """Launcher, nodes this scenario used (Slurm takes as many as it needs) and ranks per host."""
+        """Launcher, nodes this scenario used (Slurm takes as many as it needs),
+        ranks per host and how they started (``fork``, ``exec``: the profile's
+        ``rank_start``, as the ranks saw it)."""
         launcher, topology = self.launcher_for(scenario), self._topology(scenario)
+        reports = measurement.outcome.reports
         per_host: dict[str, int] = {}
-        for report in measurement.outcome.reports:
+        for report in reports:
             per_host[report.host] = per_host.get(report.host, 0) + 1
+        started = sorted({"fork" if report.forked else "exec" for report in reports})
         return {
             "launcher": launcher.name,
             "nnodes": topology.layout(scenario.world_size)[0] if topology else 1,
             "ranks_per_host": per_host,
+            "rank_start": "+".join(started) or None,
         }
 
     # -- scenarios ------------------------------------------------------------
@@ -367,7 +372,15 @@ class PerfSession:
             **launcher_env(),  # ranks exit if this process dies, even by SIGKILL
         }
         return WorkerJob(
-            rank_job, scenario.world_size, timeout, workdir, worker_env, per_node, self._gpu_labels(), python.python
+            rank_job,
+            scenario.world_size,
+            timeout,
+            workdir,
+            worker_env,
+            per_node,
+            self._gpu_labels(),
+            python.python,
+            rank_start="fork" if self.profile.rank_start == "fork" else "exec",
         )
 
     # -- judgement ------------------------------------------------------------

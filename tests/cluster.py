@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from perfsuite.launch.torchrun import free_port
+from perfsuite.protocol import RANK_PROCESS_PREFIX
 
 PREFIX = "pst"  # names of this module's namespaces: pst<pid>a, pst<pid>b
 INSTALL = "as root: bash scripts/system-packages.sh"
@@ -350,15 +351,29 @@ def pytest_script(path: Path, workdir: Path, args: Sequence[str]) -> Path:
 
 
 def module_processes(marker: Path, module: str) -> list[psutil.Process]:
-    """Live ``python -m module`` processes whose command line mentions ``marker``.
+    """Live ``python -m module`` processes whose command line mentions ``marker``,
+    ranks left out (:func:`rank_processes`).
 
     The interpreter's own ``-m`` counts, not a later one: a torchrun agent's
-    command line ends in ``-m perfsuite.worker`` too.
+    command line ends in ``-m perfsuite.worker`` too. A rank forked from its
+    agent has the agent's command line, so ranks are told apart by name.
     """
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter(["cmdline", "name"]):
         argv = proc.info["cmdline"] or []
         runs = argv[argv.index("-m") + 1 : argv.index("-m") + 2] if "-m" in argv else []
-        if runs == [module] and any(str(marker) in a for a in argv):
+        rank = (proc.info["name"] or "").startswith(RANK_PROCESS_PREFIX)
+        if runs == [module] and not rank and any(str(marker) in a for a in argv):
             found.append(proc)
+    return found
+
+
+def rank_processes(marker: Path) -> dict[int, psutil.Process]:
+    """Live ranks (by global rank) of the runs whose command lines mention ``marker``:
+    the processes named ``perfsuite-r<RANK>``, forked from their agent or not."""
+    found = {}
+    for proc in psutil.process_iter(["cmdline", "name"]):
+        name = proc.info["name"] or ""
+        if name.startswith(RANK_PROCESS_PREFIX) and any(str(marker) in a for a in proc.info["cmdline"] or []):
+            found[int(name.removeprefix(RANK_PROCESS_PREFIX))] = proc
     return found

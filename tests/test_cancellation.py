@@ -12,6 +12,7 @@ import time
 
 import psutil
 import pytest
+from cluster import rank_processes
 from conftest import CPU_PROFILE, bench_module, leftover_workers
 
 # Thousands of steps: the run is still measuring whenever the test strikes.
@@ -27,14 +28,7 @@ def start(project: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
 
 
 def ranks(project: pytest.Pytester) -> dict[int, psutil.Process]:
-    found = {}
-    for proc in leftover_workers(project.path):
-        try:
-            if "perfsuite.worker" in proc.cmdline() and "RANK" in proc.environ():
-                found[int(proc.environ()["RANK"])] = proc
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
+    return rank_processes(project.path)
 
 
 def wait_until_measuring(project: pytest.Pytester, run: subprocess.Popen[bytes], timeout_s: float = 90) -> None:

@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 
 from perfsuite import ModelSpec, Scenario, ScenarioError
-from perfsuite.launch.base import WorkerJob
+from perfsuite.launch.base import WorkerJob, classify
 from perfsuite.launch.slurm import SlurmLauncher, first_host, topology_from_env
 from perfsuite.launch.torchrun import Topology, TopologyError, TorchrunLauncher
+from perfsuite.profiles import CPU, CUDA_32GB, HardwareProfile, ProfileError
 from perfsuite.protocol import RankJob
+from perfsuite.worker.agent import forked_ranks
 
 
 def rank_job(tmp_path: Path, world: int) -> RankJob:
@@ -61,6 +63,58 @@ def test_slurm_starts_one_torchrun_agent_per_node(tmp_path: Path) -> None:
     assert words[-3:] == ["-m", "perfsuite.worker", str(job.spec_path)]
 
 
+def test_ranks_fork_on_cpu_and_exec_on_cuda_unless_the_profile_says() -> None:
+    assert (CPU.rank_start, CUDA_32GB.rank_start) == ("fork", "exec")
+    assert HardwareProfile("mine", "cuda", rank_start="fork").rank_start == "fork"
+    with pytest.raises(ProfileError, match="rank_start must be 'fork' or 'exec'"):
+        HardwareProfile("mine", "cpu", rank_start="spawn")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("start", ["fork", "exec"])
+def test_the_agent_is_asked_to_fork_only_for_forked_ranks(tmp_path: Path, start: str) -> None:
+    job = WorkerJob(rank_job(tmp_path, 2), 2, 60, tmp_path, rank_start=start)  # type: ignore[arg-type]
+    (cmd,) = TorchrunLauncher().commands(job, "127.0.0.1:1234", "run1")
+    assert cmd[-3:] == ["-m", "perfsuite.worker", str(job.spec_path)]
+    assert ("--start-method" in cmd) == (start == "fork")
+    if start == "fork":
+        assert cmd[cmd.index("--start-method") + 1] == "fork"
+
+
+def test_the_agent_runs_the_worker_file_in_its_forks() -> None:
+    """torchrun runs a ``-m`` module as a new interpreter whatever the start
+    method, so the agent turns it into ``--run-path`` on the worker's file."""
+    tail = ["-m", "perfsuite.worker", "job.json"]
+    for fork in (["--start-method", "fork"], ["--start-method=fork"]):
+        argv = forked_ranks(["--nnodes", "1", *fork, *tail])
+        assert argv[:-2] == ["--nnodes", "1", *fork, "--run-path"]
+        assert Path(argv[-2]).parts[-3:] == ("perfsuite", "worker", "__main__.py") and Path(argv[-2]).is_file()
+        assert argv[-1] == "job.json"
+    for unchanged in (["--nnodes", "1", *tail], ["--start-method", "spawn", *tail], [*tail, "--start-method", "fork"]):
+        assert forked_ranks(unchanged) == unchanged
+
+
+EXEC_CONFTEST = """
+from perfsuite.profiles import HardwareProfile
+
+def pytest_perfsuite_profiles():
+    return [HardwareProfile("cpu-exec", "cpu", rank_start="exec", aliases=("cpu",))]
+"""
+
+
+@pytest.mark.parametrize("profile", ["cpu", "cpu-exec"])
+def test_ranks_start_as_the_profile_says(pytester: pytest.Pytester, profile: str) -> None:
+    """Forked (the cpu default) or fresh interpreters (the cuda default, here on
+    cpu): either trains, and the results file says how its ranks started."""
+    pytester.makeconftest(EXEC_CONFTEST)
+    pytester.makepyfile(test_bench=PIPELINE)
+    out = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--perf-profile={profile}", f"--perf-json={out}")
+    result.assert_outcomes(skipped=1)  # no baseline: it trained and was measured
+    (res,) = json.loads(out.read_text())["results"]
+    assert res["status"] == "ok"
+    assert res["launch"]["rank_start"] == ("exec" if profile == "cpu-exec" else "fork")
+
+
 def test_world_size_must_split_over_nodes() -> None:
     with pytest.raises(TopologyError, match="2 node"):
         Topology(nnodes=2).ranks_per_node(3)
@@ -105,7 +159,7 @@ def test_two_agents_rendezvous_over_loopback(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(skipped=1)  # no baseline: it trained and was measured
     (res,) = json.loads(out.read_text())["results"]
     assert res["status"] == "ok" and res["launch"]["launcher"] == "torchrun" and res["launch"]["nnodes"] == 2
-    assert sum(res["launch"]["ranks_per_host"].values()) == 2
+    assert sum(res["launch"]["ranks_per_host"].values()) == 2 and res["launch"]["rank_start"] == "fork"
     assert [r["rank"] for r in res["metrics"]["per_rank"]] == [0, 1]
     assert res["config"]["layout"]["pp"] == 2 and res["config"]["layout"]["bubble_fraction"] == pytest.approx(1 / 3)
 
@@ -179,3 +233,35 @@ def test_emulated_nodes_share_the_host_gpus_and_refuse_before_launch() -> None:
     assert reason == "needs 2 GPUs, 2 node(s) emulated on this host share its 1 GPU(s): 0 each"
     two_gpus = {**one_gpu, "gpu_count": 2}
     assert launch_precondition(scenario, gpu_profile("x"), two_gpus, Topology(nnodes=2)) == ""
+
+
+def dump(*frames: tuple[str, str]) -> str:
+    return "\n".join(f'  File "{file}", line 1 in {func}' for file, func in frames)
+
+
+def test_a_hung_forked_rank_is_shown_where_it_hangs_not_where_its_agent_forked(tmp_path: Path) -> None:
+    """A forked rank's dumped stack ends in 30+ frames of its agent
+    (multiprocessing, torchrun): the failure shows the innermost frames."""
+    job = WorkerJob(rank_job(tmp_path, 2), 2, 18, tmp_path)
+    agent = [(f"/py/torch/distributed/elastic/agent{i}.py", "run") for i in range(30)]
+    stacks = {
+        0: dump(
+            ("/py/torch/distributed/distributed_c10d.py", "all_reduce"), ("/src/perfsuite/worker/loop.py", "measure")
+        ),
+        1: dump(("/proj/faults.py", "forward_backward"), ("/src/perfsuite/worker/loop.py", "measure"), *agent),
+    }
+    for rank, main in stacks.items():
+        log = tmp_path / "logs" / "node0" / "run" / "attempt_0" / str(rank) / "stderr.log"
+        log.parent.mkdir(parents=True)
+        watchdog = dump(("/usr/lib/python3/threading.py", "wait"), ("/src/perfsuite/worker/watchdog.py", "watch"))
+        log.write_text(
+            f"Thread 0x00007f01 (most recent call first):\n{watchdog}\n\n"
+            f"Current thread 0x00007f00 (most recent call first):\n{main}\n"
+        )
+    outcome = classify(job, timed_out=True, wall_s=18.0)
+    assert outcome.status == "timeout" and outcome.failure is not None
+    assert outcome.failure.rank == 1
+    lines = outcome.failure.stderr_tail.splitlines()
+    assert lines[0] == "main thread, most recent call first:"
+    assert "faults.py" in lines[1] and "forward_backward" in lines[1]
+    assert len(lines) == 1 + 25 and not any("watchdog" in line for line in lines)

@@ -30,6 +30,7 @@ from cluster import (
     module_processes,
     netns_pids,
     pytest_script,
+    rank_processes,
     require,
     submit,
     two_hosts,
@@ -124,7 +125,7 @@ def ranks_by_host(hosts: Hosts, project: pytest.Pytester, job_id: str, log: Path
         if job_state(hosts.cluster, job_id) not in ("PENDING", "RUNNING"):
             pytest.fail(f"job {job_id} ended before both ranks were seen:\n{log.read_text()}")
         found.clear()
-        for proc in module_processes(project.path, "perfsuite.worker"):
+        for proc in rank_processes(project.path).values():
             found[hosts.namespace_of(proc.pid)] = proc.pid
         return set(found) == {hosts.first.netns, hosts.second.netns}
 

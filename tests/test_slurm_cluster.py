@@ -23,6 +23,7 @@ from cluster import (
     job_state,
     module_processes,
     pytest_script,
+    rank_processes,
     require,
     submit,
     wait_for,
@@ -74,7 +75,7 @@ def slurm_env_of_ranks(slurm: SlurmCluster, job_id: str, marker: Path, log: Path
         if job_state(slurm, job_id) not in ("PENDING", "RUNNING"):
             pytest.fail(f"job {job_id} ended before its ranks were seen:\n{log.read_text()}")
         found.clear()
-        for proc in module_processes(marker, "perfsuite.worker"):
+        for proc in rank_processes(marker).values():
             with contextlib.suppress(psutil.Error):
                 found.append({k: v for k, v in proc.environ().items() if k.startswith("SLURM_")})
         return len(found) == 2

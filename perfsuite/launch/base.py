@@ -45,6 +45,7 @@ class WorkerJob:
     nproc_per_node: int | None = None  # ranks per node (default: all on one node)
     devices: tuple[str, ...] = ()  # this host's visible GPUs (index or UUID), split among emulated nodes
     python: str = sys.executable  # interpreter of the agents and ranks (a named environment's)
+    rank_start: Literal["fork", "exec"] = "exec"  # ranks forked from their agent, or fresh interpreters
 
     def node_of(self, rank: int) -> tuple[int, int]:
         """(node, local rank) of a global rank."""
@@ -144,7 +145,7 @@ def classify(job: WorkerJob, timed_out: bool, wall_s: float) -> LaunchOutcome:
         rank = hung_rank(job, [r for r in ranks if r not in reports] or list(ranks))
         phases = ", ".join(f"rank {r}: {read_phase(job, r)}" for r in ranks)
         message = f"no result within {job.timeout_s:.0f}s (last phases: {phases})"
-        failure = RankFailure(rank, message, stderr_tail(job, rank), read_phase(job, rank))
+        failure = RankFailure(rank, message, hang_tail(job, rank), read_phase(job, rank))
         return LaunchOutcome("timeout", [], failure, wall_s=wall_s)
     return _classify_failure(job, reports, wall_s)
 
@@ -202,18 +203,35 @@ _PHASES = ("startup", "init", "build", "wrap", "warmup", "measure", "report", "d
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line \d+ in (?P<func>\S+)')
 
 
-def innermost_frame(stderr: str) -> str | None:
-    """File of the innermost frame of the last stack dump's main-thread block.
+def main_thread_stack(stderr: str) -> list[str] | None:
+    """Frame lines of the last stack dump's main-thread block, innermost first.
 
     faulthandler prints each thread as a block of frames, innermost first; the
     main thread is the block that runs perfsuite's worker loop.
     """
     blocks = re.split(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$", stderr, flags=re.M)
     for block in reversed(blocks[1:]):
-        frames = [m.group("file") for line in block.splitlines() if (m := _FRAME.match(line))]
-        if any("perfsuite/worker" in f for f in frames):
-            return frames[0]
+        frames = [line for line in block.splitlines() if _FRAME.match(line)]
+        if any("perfsuite/worker" in line for line in frames):
+            return frames
     return None
+
+
+def innermost_frame(stderr: str) -> str | None:
+    """File of the innermost frame of the last stack dump's main thread."""
+    frames = main_thread_stack(stderr)
+    match = _FRAME.match(frames[0]) if frames else None
+    return match.group("file") if match else None
+
+
+def hang_tail(job: WorkerJob, rank: int) -> str:
+    """What a hung rank was doing: the innermost frames of its main thread, as
+    dumped on timeout (a forked rank's stack also holds its agent's frames,
+    outermost, which a plain tail would show instead); else its stderr tail."""
+    frames = main_thread_stack(_full_stderr(job, rank))
+    if not frames:
+        return stderr_tail(job, rank)
+    return "\n".join(["main thread, most recent call first:", *frames[:TAIL_LINES]])
 
 
 def hung_rank(job: WorkerJob, candidates: Sequence[int]) -> int:

@@ -72,16 +72,26 @@ def kill_tagged(token: str, root_pid: int | None = None, grace_s: float = GRACE_
     return len(procs) + len(late)
 
 
+def _is_rank(proc: psutil.Process, tagged: set[int]) -> bool:
+    """A rank started as a fresh interpreter was given RANK in its environment;
+    one forked from its agent shows the agent's environment in /proc, so it is
+    told by its parent instead: every tagged process but the agents has a tagged
+    parent (an agent's parent is the launcher, or srun on a Slurm node)."""
+    return "RANK" in proc.environ() or proc.ppid() in tagged
+
+
 def dump_worker_stacks(token: str, settle_s: float = 2.0) -> None:
     """Ask every tagged rank (not the torchrun agent) to print its Python stacks.
 
-    Workers register ``faulthandler`` for SIGUSR1; the agent has no RANK and is
-    left alone, since SIGUSR1 would kill it before it can be swept cleanly.
+    Workers register ``faulthandler`` for SIGUSR1; the agent is left alone,
+    since SIGUSR1 would kill it before it can be swept cleanly.
     """
+    tagged = tagged_processes(token)
+    pids = {proc.pid for proc in tagged}
     sent = False
-    for proc in tagged_processes(token):
+    for proc in tagged:
         try:
-            if "RANK" in proc.environ():
+            if _is_rank(proc, pids):
                 proc.send_signal(signal.SIGUSR1)
                 sent = True
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):

@@ -110,6 +110,7 @@ class TorchrunLauncher(Launcher):
             str(job.logs_dir / f"node{node}"),
             "--redirects",
             "3",
+            *(["--start-method", "fork"] if job.rank_start == "fork" else []),
             "-m",
             "perfsuite.worker",
             str(job.spec_path),

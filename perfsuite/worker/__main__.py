@@ -1,4 +1,5 @@
-"""Entry point of one rank: ``python -m perfsuite.worker JOB.json`` (under torchrun).
+"""Entry point of one rank: ``python -m perfsuite.worker JOB.json`` (under torchrun),
+or this file run in a rank forked from its agent (:mod:`perfsuite.worker.agent`).
 
 Reads the :class:`~perfsuite.protocol.RankJob`, runs its workload kind's
 runner and writes ``rankN.json``: status ``ok`` with raw measurements, or
@@ -8,9 +9,13 @@ the run even when torchrun only reports an exit code.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import faulthandler
 import gc
+import multiprocessing
+import os
 import platform
 import signal
 import sys
@@ -20,7 +25,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from perfsuite.protocol import EngineUnavailable, RankJob, RankReport, RankStatus, import_object
+from perfsuite.protocol import (
+    RANK_PROCESS_PREFIX,
+    EngineUnavailable,
+    RankJob,
+    RankReport,
+    RankStatus,
+    import_object,
+)
 from perfsuite.worker import watchdog
 from perfsuite.worker.base import Runner
 from perfsuite.worker.quickexit import exit_now
@@ -32,6 +44,7 @@ from perfsuite.worker.runtime import (
 )
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
+PR_SET_NAME = 15
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -51,11 +64,38 @@ def run(job: RankJob, runner: Runner, ctx: WorkerContext, reporter: Reporter) ->
     reporter.phase("report")
     # Each node's first rank describes its node, so the fingerprint covers every node.
     runtime = runtime_fingerprint() if ctx.local_rank == 0 else {}
-    return dataclasses.replace(report, host=platform.node(), runtime=runtime)
+    return dataclasses.replace(report, host=platform.node(), forked=forked(), runtime=runtime)
+
+
+def forked() -> bool:
+    """Whether this rank is a fork of its torchrun agent (a multiprocessing child)."""
+    return multiprocessing.parent_process() is not None
+
+
+def as_fresh_interpreter() -> None:
+    """Undo what a rank forked from its agent inherits but a new interpreter
+    would not have: the agent's signal handlers (torchrun turns SIGTERM into an
+    exception in the agent) and its OpenMP thread count, read when the agent
+    imported torch, before torchrun set OMP_NUM_THREADS for the ranks (two ranks
+    of two threads each on two cores measured 3x slower collectives)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if threads := os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(threads))
+
+
+def name_process(name: str) -> None:
+    """Set this process's name (Linux ``prctl(PR_SET_NAME)``, at most 15 bytes)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    name_process(f"{RANK_PROCESS_PREFIX}{os.environ.get('RANK', '')}")
+    if forked():
+        as_fresh_interpreter()
     # On timeout the launcher sends this signal to get every rank's Python stack
     # into its stderr before killing it: that is how a hung rank is told apart
     # from the ranks waiting for it in a collective.
@@ -85,4 +125,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    code = main()
+    # A forked rank that succeeded returns, so that torchrun receives its return
+    # value (multiprocessing then leaves without teardown); failures exit here.
+    if code or not forked():
+        exit_now(code)
