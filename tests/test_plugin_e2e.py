@@ -108,8 +108,13 @@ def test_expected_oom_passes_and_unexpected_outcomes_fail(project: pytest.Pytest
 
 
 FAULTS = """
-import os, sys, time
+import os, sys, threading, time
 from perfsuite.strategies.ddp import DDPStrategy
+
+class Stray(DDPStrategy):
+    def setup(self, model):
+        super().setup(model)
+        threading.Thread(target=time.sleep, args=(120,), name="stray").start()  # not a daemon
 
 class Crash(DDPStrategy):
     def setup(self, model):
@@ -155,6 +160,21 @@ def test_failed_worker_is_reported_with_rank_and_leaves_nothing_behind(
         result.stdout.fnmatch_lines([line])
     result.stdout.fnmatch_lines(["*--- rank 1 stderr (tail) ---*"])
     assert elapsed < timeout + 30, f"took {elapsed:.0f}s with a {timeout}s timeout"
+    assert leftover_workers(project.path) == []
+
+
+def test_a_stray_thread_does_not_keep_a_finished_rank_alive(project: pytest.Pytester) -> None:
+    """A non-daemon thread that outlives training (some library's) must not hold
+    a rank that reported, forked or not: the run ends long before the thread's
+    120 s, well inside its 60 s timeout."""
+    project.makepyfile(faults=FAULTS)
+    project.makepyfile(
+        test_bench=bench_module(f'Scenario("tiny", "stray", TINY, {TINY_SHAPE}, strategy="faults:Stray"),')
+    )
+    start = time.monotonic()
+    result = run(project, "--perf-timeout=60")
+    result.assert_outcomes(skipped=1)  # no baseline: it trained and was measured
+    assert time.monotonic() - start < 40
     assert leftover_workers(project.path) == []
 
 

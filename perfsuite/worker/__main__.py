@@ -35,7 +35,7 @@ from perfsuite.protocol import (
 )
 from perfsuite.worker import watchdog
 from perfsuite.worker.base import Runner
-from perfsuite.worker.quickexit import exit_now
+from perfsuite.worker.quickexit import exit_now, exit_when_returned
 from perfsuite.worker.runtime import (
     Reporter,
     WorkerContext,
@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     # A forked rank that succeeded returns, so that torchrun receives its return
-    # value (multiprocessing then leaves without teardown); failures exit here.
+    # value, and leaves right after; failures exit here.
     if code or not forked():
         exit_now(code)
+    exit_when_returned()
