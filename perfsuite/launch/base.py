@@ -87,7 +87,7 @@ class LaunchOutcome:
 
 
 class Launcher(ABC):
-    """Starts ``job.world_size`` workers running ``python -m perfsuite.worker``."""
+    """Starts ``job.world_size`` workers running :mod:`perfsuite.worker` (forked from their agent or not)."""
 
     name: str
 
