@@ -380,7 +380,7 @@ class PerfSession:
             per_node,
             self._gpu_labels(),
             python.python,
-            rank_start="fork" if self.profile.rank_start == "fork" else "exec",
+            rank_start=self.profile.rank_start or "exec",  # resolved by the profile; never None
         )
 
     # -- judgement ------------------------------------------------------------

@@ -27,10 +27,6 @@ def start(project: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, cwd=project.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def ranks(project: pytest.Pytester) -> dict[int, psutil.Process]:
-    return rank_processes(project.path)
-
-
 def wait_until_measuring(project: pytest.Pytester, run: subprocess.Popen[bytes], timeout_s: float = 90) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -89,7 +85,7 @@ def test_sigkill_of_pytest_leaves_nothing_running(project: pytest.Pytester) -> N
     run = start(project)
     wait_until_measuring(project, run)
     workers = leftover_workers(project.path)
-    assert len(ranks(project)) == 2 and len(workers) >= 3  # the agent and both ranks
+    assert len(rank_processes(project.path)) == 2 and len(workers) >= 3  # the agent and both ranks
     run.kill()  # nothing in pytest runs: the ranks' watchdog and the agent must notice
     run.wait(5)
     left = wait_for_no_leftovers(project, 10)
@@ -100,7 +96,7 @@ def test_a_rank_killed_by_sigkill_is_the_rank_blamed_and_the_signal_named(projec
     out = project.path / "r.json"
     run = start(project, f"--perf-json={out}")
     wait_until_measuring(project, run)
-    os.kill(ranks(project)[1].pid, signal.SIGKILL)  # what the host's OOM killer does
+    os.kill(rank_processes(project.path)[1].pid, signal.SIGKILL)  # what the host's OOM killer does
     run.wait(60)
     result = json.loads(out.read_text())["results"][0]
     assert result["verdict"] == "error"

@@ -22,7 +22,7 @@ import os
 import sys
 import traceback
 
-from perfsuite.worker.quickexit import exit_now
+from perfsuite.worker.quickexit import exit_now, flush_streams
 
 WORKER_MODULE = "perfsuite.worker"
 
@@ -56,7 +56,7 @@ def main() -> None:
 
     # Ranks forked later must not inherit (and write a second time) what the
     # agent has buffered but not yet written.
-    os.register_at_fork(before=_flush_streams)
+    os.register_at_fork(before=flush_streams)
     try:
         torchrun(forked_ranks(sys.argv[1:]))
         code = 0
@@ -66,11 +66,6 @@ def main() -> None:
         traceback.print_exc()
         code = 1
     exit_now(code)
-
-
-def _flush_streams() -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,11 @@ def exit_when_returned() -> None:
 def exit_now(code: int) -> None:
     """Flush logging and the standard streams, then ``os._exit(code)``."""
     logging.shutdown()
+    flush_streams()
+    os._exit(code)
+
+
+def flush_streams() -> None:
+    """Write what Python has buffered for stdout and stderr."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
