@@ -4,14 +4,18 @@ rows that skip naming ``make env-ort`` where ORTModule cannot run."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import CPU_PROFILE
 
 from perfsuite import ModelSpec, Scenario, ScenarioError
+from perfsuite.worker import graph
 from perfsuite.worker.graph import CompileWatch
 
 TINY = ModelSpec("bert_cls", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
@@ -92,3 +96,28 @@ def test_an_ort_row_skips_naming_make_env_ort_where_ortmodule_cannot_run(pyteste
     result = pytester.runpytest_subprocess(CPU_PROFILE, f"--perf-env=ort={sys.executable}", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*g.ort*ORTModule cannot be used with torch*`make env-ort`*--perf-env ort=*"])
+
+
+# What a rank does first (perfsuite.worker.__main__), then what a Hugging Face
+# model's module does on import: torch._dynamo sets TORCHINDUCTOR_CACHE_DIR to
+# its /tmp default unless it is set. Then where inductor would put kernels.
+_RANK_START = """
+from perfsuite.worker import graph
+graph.pin_inductor_cache()
+import transformers.models.bert.modeling_bert
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+print(cache_dir())
+"""
+
+
+def test_compiled_kernels_go_to_the_checkout(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    out = subprocess.run([sys.executable, "-c", _RANK_START], env=env, capture_output=True, text=True, check=True)
+    checkout = Path(graph.__file__).resolve().parents[2]
+    assert Path(out.stdout.strip()) == checkout / "build" / "inductor-cache"
+
+
+def test_a_cache_folder_the_user_chose_is_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    graph.pin_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)

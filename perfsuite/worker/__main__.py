@@ -33,7 +33,7 @@ from perfsuite.protocol import (
     RankStatus,
     import_object,
 )
-from perfsuite.worker import watchdog
+from perfsuite.worker import graph, watchdog
 from perfsuite.worker.base import Runner
 from perfsuite.worker.quickexit import exit_now, exit_when_returned
 from perfsuite.worker.runtime import (
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     name_process(f"{RANK_PROCESS_PREFIX}{os.environ.get('RANK', '')}")
     if forked():
         as_fresh_interpreter()
+    graph.pin_inductor_cache()  # before any import of torch._dynamo
     # On timeout the launcher sends this signal to get every rank's Python stack
     # into its stderr before killing it: that is how a hung rank is told apart
     # from the ranks waiting for it in a collective.

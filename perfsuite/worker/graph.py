@@ -52,7 +52,6 @@ def setup(strategy: Strategy, model: nn.Module, mode: str, device: torch.device)
     if mode == "compile":
         if not isinstance(strategy, TorchStrategy):
             raise TypeError(f"graph='compile' needs a TorchStrategy engine, got {type(strategy).__name__}")
-        _persistent_inductor_cache()
         strategy.model = cast(nn.Module, torch.compile(strategy.model))
 
 
@@ -67,9 +66,13 @@ def _import_ort_module() -> Any:
         ) from None
 
 
-def _persistent_inductor_cache() -> None:
+def pin_inductor_cache() -> None:
     """Keep inductor's compiled kernels where the next run finds them (a warm
-    cache makes a compile ~2 s instead of 16-29 s on cpu), unless the user chose a place."""
+    cache makes a compile ~2 s instead of 16-29 s on cpu), unless the user chose a place.
+
+    Called first thing in a rank: importing torch._dynamo (transformers' model
+    modules do, so does the Trainer) makes torch set TORCHINDUCTOR_CACHE_DIR to
+    its /tmp default, which would then look like the user's choice."""
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         return
     checkout = Path(__file__).resolve().parents[2]
@@ -123,4 +126,4 @@ def _compiled_frames() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-__all__ = ["CompileWatch", "check", "setup"]
+__all__ = ["CompileWatch", "check", "pin_inductor_cache", "setup"]
