@@ -427,7 +427,7 @@ def test_a_scenario_spec_is_accepted_or_refused_naming_scenario_and_field(
 @given(
     kwargs=st.fixed_dictionaries(
         {"family": st.one_of(junk, st.sampled_from(["bert", "gpt2", "megatron_gpt", "llama"]))},
-        optional=dict.fromkeys(("layers", "hidden", "heads", "vocab", "ffn", "max_positions"), junk),
+        optional=dict.fromkeys(("layers", "hidden", "heads", "vocab", "ffn", "max_positions", "dropout"), junk),
     )
 )
 def test_a_model_spec_is_accepted_or_refused_naming_the_field(kwargs: dict[str, Any]) -> None:

@@ -36,6 +36,8 @@ class ModelFamily:
     """Training labels of its synthetic batches: masked-LM (15% of tokens), next-token,
     or one class per row (sequence classification)."""
     description: str = ""
+    has_dropout: bool = True
+    """Whether its layers include dropout (what ``ModelSpec.dropout`` sets)."""
 
 
 FAMILIES: Mapping[str, ModelFamily] = MappingProxyType(
@@ -55,6 +57,7 @@ FAMILIES: Mapping[str, ModelFamily] = MappingProxyType(
                 "perfsuite.models.megatron_gpt:build",
                 "causal_lm",
                 "Megatron-style GPT of nn.Linear layers, splittable into pipeline stages",
+                has_dropout=False,
             ),
         )
     }
@@ -74,6 +77,10 @@ class ModelSpec:
     ffn: int | None = None
     """MLP width; defaults to 4 x hidden, as in BERT and GPT."""
     max_positions: int = 512
+    dropout: float | None = None
+    """Probability of every dropout layer (hidden states, embeddings, attention
+    probabilities); None keeps the family's default (0.1 in transformers' BERT
+    and GPT-2). perfsuite's megatron_gpt has no dropout layers: None or 0 there."""
 
     def __post_init__(self) -> None:
         owner = f"model {self.family}"
@@ -84,6 +91,16 @@ class ModelSpec:
             check_int(owner, "ffn", self.ffn, 1)
         if self.hidden % self.heads:
             raise fail(owner, "heads", f"must divide hidden={self.hidden}, got {self.heads}")
+        self._check_dropout(owner)
+
+    def _check_dropout(self, owner: str) -> None:
+        p = self.dropout
+        if p is None:
+            return
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+            raise fail(owner, "dropout", f"must be a probability in [0, 1) or None, got {p!r}")
+        if p and not FAMILIES[self.family].has_dropout:
+            raise fail(owner, "dropout", f"must be None or 0: family {self.family} has no dropout layers, got {p!r}")
 
     @property
     def ffn_size(self) -> int:

@@ -20,8 +20,14 @@ def _bert_config(m: ModelSpec, **extra: Any) -> Any:
         num_attention_heads=m.heads,
         intermediate_size=m.ffn_size,
         max_position_embeddings=m.max_positions,
+        **_dropout(m, "hidden_dropout_prob", "attention_probs_dropout_prob"),
         **extra,
     )
+
+
+def _dropout(m: ModelSpec, *names: str) -> dict[str, float]:
+    """The config's dropout fields set to ``m.dropout``; none when it is None (the family's default)."""
+    return {} if m.dropout is None else dict.fromkeys(names, float(m.dropout))
 
 
 def bert(m: ModelSpec) -> nn.Module:
@@ -56,5 +62,6 @@ def gpt2(m: ModelSpec) -> nn.Module:
         n_head=m.heads,
         n_inner=m.ffn,
         n_positions=m.max_positions,
+        **_dropout(m, "resid_pdrop", "embd_pdrop", "attn_pdrop"),
     )
     return GPT2LMHeadModel(config)
