@@ -124,6 +124,10 @@ def stack_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str
             changes.append(f"{key} {recorded.get(key)} -> {current.get(key)}")
     for section in ("packages", "runtime"):
         old, new = recorded.get(section) or {}, current.get(section) or {}
+        if not old or not new:
+            # Not known on one side (runtime comes from a rank 0 that reported:
+            # a session whose first launch ran out of memory has none yet).
+            continue
         for name in sorted(set(old) | set(new)):
             if old.get(name) != new.get(name):
                 changes.append(f"{name} {old.get(name)} -> {new.get(name)}")

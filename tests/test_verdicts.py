@@ -205,3 +205,16 @@ def test_a_run_that_mostly_skipped_its_updates_is_unreliable_and_not_recorded(tm
     assert result.verdict == "unreliable" and "3 of 5 measured steps skipped" in result.judgement.message
     assert not (tmp_path / "baselines" / "cpu" / "g.json").exists()
     assert result.metrics is not None and result.metrics.summary("samples_per_s").n == 2
+
+
+def test_a_stack_section_unknown_on_one_side_is_no_change() -> None:
+    """A baseline recorded from a run whose rank 0 never reported (an expected
+    OOM first in its session) has no runtime; that is not torch None -> X."""
+    from perfsuite.fingerprint import stack_changes
+
+    runtime = {"torch": "2.13.0+cpu", "torch_cuda": None}
+    assert stack_changes({"runtime": {}}, {"runtime": runtime}) == []
+    assert stack_changes({"runtime": runtime}, {"runtime": {}}) == []
+    assert stack_changes({"runtime": runtime}, {"runtime": {**runtime, "torch": "2.14.0+cpu"}}) == [
+        "torch 2.13.0+cpu -> 2.14.0+cpu"
+    ]
