@@ -13,7 +13,7 @@ from perfsuite.launch.base import WorkerJob, read_reports
 from perfsuite.protocol import ProtocolError, RankJob, RankReport
 from perfsuite.workloads.train import TrainSpec
 
-GPT = ModelSpec("megatron_gpt", layers=4, hidden=64, heads=4, vocab=512, max_positions=64)
+GPT = ModelSpec("megatron_gpt", layers=4, hidden=64, heads=4, vocab=512, max_positions=64, dropout=0)
 SCENARIO = Scenario(
     "g",
     "s",

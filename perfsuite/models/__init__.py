@@ -36,28 +36,30 @@ class ModelFamily:
     """Training labels of its synthetic batches: masked-LM (15% of tokens), next-token,
     or one class per row (sequence classification)."""
     description: str = ""
-    has_dropout: bool = True
-    """Whether its layers include dropout (what ``ModelSpec.dropout`` sets)."""
+    has_dropout: bool = False
+    """Whether its builder applies ``ModelSpec.dropout`` (False: only None or 0 is accepted)."""
 
 
 FAMILIES: Mapping[str, ModelFamily] = MappingProxyType(
     {
         f.name: f
         for f in (
-            ModelFamily("bert", "perfsuite.models.hf:bert", "mlm", "transformers BertForMaskedLM"),
+            ModelFamily("bert", "perfsuite.models.hf:bert", "mlm", "transformers BertForMaskedLM", has_dropout=True),
             ModelFamily(
                 "bert_cls",
                 "perfsuite.models.hf:bert_cls",
                 "classification",
                 "transformers BertForSequenceClassification (fine-tuning)",
+                has_dropout=True,
             ),
-            ModelFamily("gpt2", "perfsuite.models.hf:gpt2", "causal_lm", "transformers GPT2LMHeadModel"),
+            ModelFamily(
+                "gpt2", "perfsuite.models.hf:gpt2", "causal_lm", "transformers GPT2LMHeadModel", has_dropout=True
+            ),
             ModelFamily(
                 "megatron_gpt",
                 "perfsuite.models.megatron_gpt:build",
                 "causal_lm",
                 "Megatron-style GPT of nn.Linear layers, splittable into pipeline stages",
-                has_dropout=False,
             ),
         )
     }
@@ -80,7 +82,8 @@ class ModelSpec:
     dropout: float | None = None
     """Probability of every dropout layer (hidden states, embeddings, attention
     probabilities); None keeps the family's default (0.1 in transformers' BERT
-    and GPT-2). perfsuite's megatron_gpt has no dropout layers: None or 0 there."""
+    and GPT-2). Families whose builder has no dropout to set (perfsuite's
+    megatron_gpt) accept only None or 0."""
 
     def __post_init__(self) -> None:
         owner = f"model {self.family}"
@@ -100,7 +103,7 @@ class ModelSpec:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
             raise fail(owner, "dropout", f"must be a probability in [0, 1) or None, got {p!r}")
         if p and not FAMILIES[self.family].has_dropout:
-            raise fail(owner, "dropout", f"must be None or 0: family {self.family} has no dropout layers, got {p!r}")
+            raise fail(owner, "dropout", f"must be None or 0: family {self.family} has no dropout to set, got {p!r}")
 
     @property
     def ffn_size(self) -> int:

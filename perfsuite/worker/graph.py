@@ -68,7 +68,7 @@ def _import_ort_module() -> Any:
 
 def pin_inductor_cache() -> None:
     """Keep inductor's compiled kernels where the next run finds them (a warm
-    cache makes a compile ~2 s instead of 16-29 s on cpu), unless the user chose a place.
+    cache made the cpu graph rows' compile 5-6 s instead of 33-46 s), unless the user chose a place.
 
     Called first thing in a rank: importing torch._dynamo (transformers' model
     modules do, so does the Trainer) makes torch set TORCHINDUCTOR_CACHE_DIR to
