@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from perfsuite.metrics import METRICS, MetricError
+from perfsuite.protocol import RankStart
 
 
 class ProfileError(ValueError):
@@ -69,7 +70,7 @@ class HardwareProfile:
     #: torchrun's default, a fresh interpreter per rank. None: ``fork`` on cpu,
     #: ``exec`` on cuda, where a fork is only safe while the agent has never
     #: touched CUDA and the import overlaps on a GPU node's many cores anyway.
-    rank_start: Literal["fork", "exec"] | None = None
+    rank_start: RankStart | None = None
     #: Extra keys (besides name and device) looked up in Scenario.variants/expect.
     aliases: tuple[str, ...] = ()
     description: str = ""

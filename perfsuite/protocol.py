@@ -30,6 +30,8 @@ LAUNCHER_VAR = "PERFSUITE_LAUNCHER"
 RANK_PROCESS_PREFIX = "perfsuite-r"
 
 Device = Literal["cpu", "cuda"]
+#: How a torchrun agent starts its ranks: forks of itself, or fresh interpreters.
+RankStart = Literal["fork", "exec"]
 RankStatus = Literal["ok", "oom", "crash", "skipped"]
 T = TypeVar("T")
 

@@ -352,7 +352,7 @@ def pytest_script(path: Path, workdir: Path, args: Sequence[str]) -> Path:
 
 def module_processes(marker: Path, module: str) -> list[psutil.Process]:
     """Live ``python -m module`` processes whose command line mentions ``marker``,
-    ranks left out (:func:`rank_processes`).
+    ranks left out (conftest.rank_processes finds those).
 
     The interpreter's own ``-m`` counts, not a later one: a torchrun agent's
     command line ends in ``-m perfsuite.worker`` too. A rank forked from its
@@ -365,15 +365,4 @@ def module_processes(marker: Path, module: str) -> list[psutil.Process]:
         rank = (proc.info["name"] or "").startswith(RANK_PROCESS_PREFIX)
         if runs == [module] and not rank and any(str(marker) in a for a in argv):
             found.append(proc)
-    return found
-
-
-def rank_processes(marker: Path) -> dict[int, psutil.Process]:
-    """Live ranks (by global rank) of the runs whose command lines mention ``marker``:
-    the processes named ``perfsuite-r<RANK>``, forked from their agent or not."""
-    found = {}
-    for proc in psutil.process_iter(["cmdline", "name"]):
-        name = proc.info["name"] or ""
-        if name.startswith(RANK_PROCESS_PREFIX) and any(str(marker) in a for a in proc.info["cmdline"] or []):
-            found[int(name.removeprefix(RANK_PROCESS_PREFIX))] = proc
     return found

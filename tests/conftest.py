@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 from pathlib import Path
 
 import psutil
 import pytest
+
+from perfsuite.protocol import RANK_PROCESS_PREFIX
 
 pytest_plugins = ["pytester"]
 
@@ -68,6 +71,17 @@ def leftover_workers(marker: Path) -> list[psutil.Process]:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+    return found
+
+
+def rank_processes(marker: Path) -> dict[int, psutil.Process]:
+    """Live ranks (by global rank) among :func:`leftover_workers`: the processes
+    named ``perfsuite-r<RANK>``, forked from their agent or not."""
+    found = {}
+    for proc in leftover_workers(marker):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            if (name := proc.name()).startswith(RANK_PROCESS_PREFIX):
+                found[int(name.removeprefix(RANK_PROCESS_PREFIX))] = proc
     return found
 
 

@@ -12,8 +12,7 @@ import time
 
 import psutil
 import pytest
-from cluster import rank_processes
-from conftest import CPU_PROFILE, bench_module, leftover_workers
+from conftest import CPU_PROFILE, bench_module, leftover_workers, rank_processes
 
 # Thousands of steps: the run is still measuring whenever the test strikes.
 LONG = 'Scenario("long", "ddp", model=TINY, world_size=2, micro_batch=8, global_batch=16, seq_len=32, warmup_steps=1, steps=5000)'

@@ -30,14 +30,13 @@ from cluster import (
     module_processes,
     netns_pids,
     pytest_script,
-    rank_processes,
     require,
     submit,
     two_hosts,
     wait_for,
     wait_job_done,
 )
-from conftest import CPU_PROFILE
+from conftest import CPU_PROFILE, rank_processes
 
 from perfsuite.launch.torchrun import AGENT_MODULE
 

@@ -23,13 +23,12 @@ from cluster import (
     job_state,
     module_processes,
     pytest_script,
-    rank_processes,
     require,
     submit,
     wait_for,
     wait_job_done,
 )
-from conftest import CPU_PROFILE, TINY_SHAPE, bench_module, leftover_workers
+from conftest import CPU_PROFILE, TINY_SHAPE, bench_module, leftover_workers, rank_processes
 
 from perfsuite.launch.torchrun import AGENT_MODULE
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from perfsuite.protocol import ProtocolError, RankJob, RankReport
+from perfsuite.protocol import ProtocolError, RankJob, RankReport, RankStart
 
 Status = Literal["ok", "oom", "timeout", "crash", "skipped"]
 
@@ -45,7 +45,7 @@ class WorkerJob:
     nproc_per_node: int | None = None  # ranks per node (default: all on one node)
     devices: tuple[str, ...] = ()  # this host's visible GPUs (index or UUID), split among emulated nodes
     python: str = sys.executable  # interpreter of the agents and ranks (a named environment's)
-    rank_start: Literal["fork", "exec"] = "exec"  # ranks forked from their agent, or fresh interpreters
+    rank_start: RankStart = "exec"
 
     def node_of(self, rank: int) -> tuple[int, int]:
         """(node, local rank) of a global rank."""
