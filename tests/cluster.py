@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from perfsuite.launch.torchrun import free_port
+from perfsuite.launch.torchrun import free_ports
 from perfsuite.protocol import RANK_PROCESS_PREFIX
 
 PREFIX = "pst"  # names of this module's namespaces: pst<pid>a, pst<pid>b
@@ -284,10 +284,11 @@ class SlurmCluster:
     def _slurm_conf(self) -> str:
         r, first = self.root, self.nodes[0]
         cpus = os.cpu_count() or 1
+        ctld_port, *node_ports = free_ports(1 + len(self.nodes))
         lines = [
             f"ClusterName={tag()}",
             f"SlurmctldHost={first.name}({first.addr})",
-            f"SlurmctldPort={free_port()}",
+            f"SlurmctldPort={ctld_port}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
@@ -311,8 +312,8 @@ class SlurmCluster:
             f"SlurmctldLogFile={r / 'slurmctld.log'}",
             f"SlurmdLogFile={r / 'slurmd-%n.log'}",
         ]
-        for node in self.nodes:
-            lines.append(f"NodeName={node.name} NodeAddr={node.addr} Port={free_port()} CPUs={cpus} State=UNKNOWN")
+        for node, port in zip(self.nodes, node_ports, strict=True):
+            lines.append(f"NodeName={node.name} NodeAddr={node.addr} Port={port} CPUs={cpus} State=UNKNOWN")
         lines.append("PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES")
         return "\n".join(lines) + "\n"
 

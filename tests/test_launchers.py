@@ -9,7 +9,7 @@ import pytest
 from perfsuite import ModelSpec, Scenario, ScenarioError
 from perfsuite.launch.base import WorkerJob, classify
 from perfsuite.launch.slurm import SlurmLauncher, first_host, topology_from_env
-from perfsuite.launch.torchrun import Topology, TopologyError, TorchrunLauncher
+from perfsuite.launch.torchrun import Topology, TopologyError, TorchrunLauncher, free_ports
 from perfsuite.profiles import CPU, CUDA_32GB, HardwareProfile, ProfileError
 from perfsuite.protocol import RankJob
 from perfsuite.worker.agent import forked_ranks
@@ -113,6 +113,13 @@ def test_ranks_start_as_the_profile_says(pytester: pytest.Pytester, profile: str
     (res,) = json.loads(out.read_text())["results"]
     assert res["status"] == "ok"
     assert res["launch"]["rank_start"] == ("exec" if profile == "cpu-exec" else "fork")
+
+
+def test_ports_asked_for_together_are_distinct() -> None:
+    # The kernel picks a port to bind at random among ~14k: 400 ports chosen one
+    # after another would repeat one with probability 1 - e^-5.7 (> 99%).
+    ports = free_ports(400)
+    assert len(set(ports)) == len(ports)
 
 
 def test_world_size_must_split_over_nodes() -> None:

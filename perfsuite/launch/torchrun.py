@@ -10,6 +10,7 @@ its node and local rank for the stderr tail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -30,9 +31,22 @@ class TopologyError(ValueError):
 
 def free_port() -> int:
     """A TCP port free right now on loopback, for this run's rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free right now on loopback.
+
+    Every socket stays bound until all are chosen: the kernel picks a port to
+    bind at random, so two ``free_port()`` calls in a row can return the same
+    one once the first socket is closed (it happened: a test Slurm cluster got
+    slurmctld's port for its slurmd too).
+    """
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 @dataclass(frozen=True)
