@@ -8,7 +8,7 @@ import pytest
 
 from perfsuite import ModelSpec, Scenario, ScenarioError
 from perfsuite.launch.base import WorkerJob, classify
-from perfsuite.launch.slurm import SlurmLauncher, first_host, topology_from_env
+from perfsuite.launch.slurm import SlurmLauncher, first_host, rdzv_port, topology_from_env
 from perfsuite.launch.torchrun import Topology, TopologyError, TorchrunLauncher, free_ports
 from perfsuite.profiles import CPU, CUDA_32GB, HardwareProfile, ProfileError
 from perfsuite.protocol import RankJob
@@ -32,8 +32,17 @@ def expand(nodelist: str) -> list[str]:
 
 def test_slurm_topology_comes_from_the_allocation() -> None:
     topology = topology_from_env(ENV, expand=expand)
-    assert topology == Topology(nnodes=2, nproc_per_node=8, rdzv_endpoint="gpu07:29400", local_agents=1, flexible=True)
+    assert topology == Topology(nnodes=2, nproc_per_node=8, rdzv_endpoint="gpu07:15042", local_agents=1, flexible=True)
     assert first_host("n1", expand=lambda _: ["n1"]) == "n1"
+
+
+def test_slurm_rendezvous_port_differs_per_job_unless_master_port_is_set() -> None:
+    ports = {rdzv_port({**ENV, "SLURM_JOB_ID": job}) for job in ("42", "43", "1234567")}
+    assert ports == {15042, 15043, 19567}
+    assert rdzv_port({**ENV, "MASTER_PORT": "29500"}) == 29500
+    for bad in ("http", "0", "70000"):
+        with pytest.raises(TopologyError, match=f"MASTER_PORT='{bad}' is not a TCP port"):
+            rdzv_port({**ENV, "MASTER_PORT": bad})
 
 
 def test_slurm_outside_an_allocation_is_a_clear_error() -> None:
@@ -54,7 +63,7 @@ def test_slurm_starts_one_torchrun_agent_per_node(tmp_path: Path) -> None:
         ("--nnodes", "2"),
         ("--nproc-per-node", "8"),
         ("--rdzv-backend", "c10d"),
-        ("--rdzv-endpoint", "gpu07:29400"),
+        ("--rdzv-endpoint", "gpu07:15042"),
         ("--rdzv-id", "run1"),
     ):
         assert words[words.index(flag) + 1] == value

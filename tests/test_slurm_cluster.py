@@ -51,8 +51,9 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 @pytest.fixture
 def rdzv_port() -> Iterator[None]:
-    """SlurmLauncher's rendezvous port is fixed (29400); two test clusters on
-    this machine (pytest -n 2) take turns rather than meet on it."""
+    """SlurmLauncher's rendezvous port comes from the job ID, and every test
+    cluster numbers its jobs from 1: two on this machine (pytest -n 2) take
+    turns rather than meet on one port."""
     with open("/tmp/perfsuite-test-slurm-rdzv.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield

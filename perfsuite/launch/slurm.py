@@ -17,7 +17,21 @@ from collections.abc import Callable, Mapping
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.torchrun import Topology, TopologyError, TorchrunLauncher
 
-RDZV_PORT = 29400  # torchrun's conventional c10d port
+#: The rendezvous port is 15000 + the job ID's last four digits (as PyTorch
+#: Lightning's Slurm environment picks it), below Linux's ephemeral range
+#: (32768+), so that two jobs sharing a node do not meet on one port.
+#: ``MASTER_PORT`` in the job's environment overrides it.
+RDZV_PORT_BASE = 15000
+
+
+def rdzv_port(env: Mapping[str, str]) -> int:
+    """The c10d port every node of the job derives alike, with no exchange."""
+    if env.get("MASTER_PORT"):
+        port = env["MASTER_PORT"]
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise TopologyError(f"MASTER_PORT={port!r} is not a TCP port (1-65535): unset it or give a number")
+        return int(port)
+    return RDZV_PORT_BASE + int(env["SLURM_JOB_ID"]) % 10_000
 
 
 def first_host(nodelist: str, expand: Callable[[str], list[str]] | None = None) -> str:
@@ -43,7 +57,7 @@ def topology_from_env(
     per_node = nproc_per_node or int(env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_NTASKS_PER_NODE") or 1)
     host = first_host(env["SLURM_JOB_NODELIST"], expand)
     return Topology(
-        nnodes=nnodes, nproc_per_node=per_node, rdzv_endpoint=f"{host}:{RDZV_PORT}", local_agents=1, flexible=True
+        nnodes=nnodes, nproc_per_node=per_node, rdzv_endpoint=f"{host}:{rdzv_port(env)}", local_agents=1, flexible=True
     )
 
 
