@@ -1,13 +1,21 @@
 """Model FLOPs utilisation (MFU) for GPU runs, with the formula and the peak named.
 
-FLOPs per iteration use Megatron's formula for a transformer trained without
-activation recomputation (Narayanan et al., 2021, eq. 3):
+FLOPs per iteration follow Megatron's count for a transformer trained without
+activation recomputation (Narayanan et al., 2021, eq. 3), with the FFN width
+``f`` kept apart and the head chosen by what the model predicts:
 
-    72 * B * s * l * h^2 * (1 + s / (6 h) + V / (12 l h))
+    6*B*s*l*h*(4h + 2f + 2s) + head
 
-B global batch, s sequence, l layers, h hidden, V vocabulary. It counts the
-forward and backward matmuls (including attention scores and the LM head);
-BERT's encoder blocks have the same per-layer cost, so it applies to them too.
+B global batch, s sequence, l layers, h hidden, f FFN width. Each block's
+forward costs 2*B*s*(4h^2 + 2hf) for its matmuls and 4*B*s^2*h for attention
+scores and values; backward costs twice the forward. With f = 4h this is
+Megatron's 72*B*s*l*h^2*(1 + s/(6h)) for the blocks. BERT's encoder blocks
+cost the same as GPT's. The head:
+
+* token head (masked or causal LM): 6*B*s*h*V, V the vocabulary, as Megatron;
+* sequence classifier (``bert_cls``): 6*B*(h^2 + h*c), the pooler and the c
+  classes on one token per row. An LM head there would add V/(12*l*h) times
+  the blocks' 72*B*s*l*h^2, 0.28 at BERT-base's size.
 
 Peaks are dense (no 2:4 sparsity) datasheet figures per GPU, per exact SKU as
 NVML names it: fp16/bf16 on tensor cores with fp32 accumulation (what autocast
@@ -24,7 +32,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-FORMULA = "megatron: 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh)) per iteration, no recompute"
+from perfsuite.models import CLASSIFICATION_LABELS, FAMILIES
+
+FORMULA = (
+    "megatron, f apart: 6*B*s*l*h*(4h + 2f + 2s) + head per iteration, no recompute;"
+    " head 6*B*s*h*V (LM) or 6*B*(h^2 + h*c) (sequence classifier)"
+)
 
 
 @dataclass(frozen=True)
@@ -97,9 +110,15 @@ def gpu_peak(gpu_name: str) -> Peak | None:
 
 
 def flops_per_iteration(config: Mapping[str, Any]) -> float:
+    """Training FLOPs of one iteration of ``config``'s model, by :data:`FORMULA`."""
     m = config["model"]
-    b, s, layers, h, v = config["global_batch"], config["seq_len"], m["layers"], m["hidden"], m["vocab"]
-    return 72.0 * b * s * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
+    b, s, layers, h = config["global_batch"], config["seq_len"], m["layers"], m["hidden"]
+    f = m.get("ffn") or 4 * h
+    blocks = 6.0 * b * s * layers * h * (4 * h + 2 * f + 2 * s)
+    family = FAMILIES.get(m.get("family", ""))
+    if family is not None and family.objective == "classification":
+        return blocks + 6.0 * b * (h * h + h * CLASSIFICATION_LABELS)
+    return blocks + 6.0 * b * s * h * m["vocab"]
 
 
 def mfu(

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from perfsuite.flops import flops_per_iteration, gpu_peak, mfu, of_peak
+from perfsuite.models import CLASSIFICATION_LABELS
 
 GPT_1_3B = {
     "model": {"layers": 24, "hidden": 2048, "vocab": 50304},
@@ -20,11 +21,29 @@ def test_megatron_formula_matches_6nd_plus_attention() -> None:
     assert flops == pytest.approx(blocks * (1 + 1024 / (6 * 2048) + 50304 / (12 * 24 * 2048)))
 
 
+def test_the_ffn_width_counts_as_itself_not_as_4h() -> None:
+    narrow = {**GPT_1_3B, "model": {**GPT_1_3B["model"], "ffn": 2048}}  # f = h: the FFN costs a quarter
+    b, s, layers, h = 4, 1024, 24, 2048
+    ffn_saved = 3 * 2 * b * s * (2 * h * 4 * h - 2 * h * h) * layers  # forward + backward, two matmuls
+    assert flops_per_iteration(GPT_1_3B) - flops_per_iteration(narrow) == pytest.approx(ffn_saved)
+
+
+def test_a_sequence_classifier_counts_its_small_head_not_an_lm_head() -> None:
+    model = {"layers": 12, "hidden": 768, "vocab": 30522}
+    config = {"global_batch": 32, "seq_len": 128, "precision": "fp16", "world_size": 1}
+    lm = flops_per_iteration({**config, "model": {**model, "family": "bert"}})
+    cls = flops_per_iteration({**config, "model": {**model, "family": "bert_cls"}})
+    assert lm - cls == pytest.approx(6 * 32 * 128 * 768 * 30522 - 6 * 32 * (768**2 + 768 * CLASSIFICATION_LABELS))
+    blocks = 72 * 32 * 128 * 12 * 768**2 * (1 + 128 / (6 * 768))
+    assert cls == pytest.approx(blocks, rel=1e-3)  # the classifier is a rounding error
+    assert lm / cls == pytest.approx(1 + 30522 / (12 * 12 * 768) / (1 + 128 / (6 * 768)), rel=1e-3)
+
+
 def test_mfu_uses_the_gpu_peak_and_names_the_formula() -> None:
     result = mfu(GPT_1_3B, step_time_s=1.0, gpu_name="NVIDIA H100 80GB HBM3")
     assert result["peak_tflops"] == 989.0 and result["peak_source"] == "datasheet: H100 SXM5"
     assert result["value"] == pytest.approx(flops_per_iteration(GPT_1_3B) / 4 / 1e12 / 989.0)
-    assert "72*B*s*l*h^2" in result["formula"]
+    assert "6*B*s*l*h*(4h + 2f + 2s)" in result["formula"] and "6*B*s*h*V" in result["formula"]
 
 
 @pytest.mark.parametrize(

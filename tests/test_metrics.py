@@ -184,4 +184,4 @@ def test_user_extra_metrics_run_beside_the_default_mfu(pytester: pytest.Pytester
     )
     merged = {k: v for extra in found if extra for k, v in extra.items()}
     assert merged["mine"] == "g.n"
-    assert merged["mfu"]["peak_tflops"] == 989.0 and "72*B*s*l*h^2" in merged["mfu"]["formula"]
+    assert merged["mfu"]["peak_tflops"] == 989.0 and "6*B*s*l*h*(4h + 2f + 2s)" in merged["mfu"]["formula"]
