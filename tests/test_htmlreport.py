@@ -307,3 +307,72 @@ def test_report_of_a_real_cpu_run_renders_in_chromium(
     shot = Image.open(io.BytesIO(seen["png"]))
     assert shot.size == (1280, 2000)
     assert len(shot.convert("RGB").getcolors(maxcolors=1 << 16) or ()) > 50, "the screenshot shows no charts"
+
+
+def priced(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` as a priced run with a stated job and a bf16 ceiling writes it."""
+    fp32, amp = document["results"][:2]
+    for result, rate, tflops in ((fp32, 80.0, 0.5), (amp, 50.0, 0.3)):
+        result["config"].update(precision="bf16")
+        per_million = 5.3 * 2 / 3600 / rate * 1e6  # 5.3 CNY per GPU-hour, 2 GPUs
+        result["metrics"]["extra"] = {
+            "cost": {"gpus": 2, "price_per_gpu_hour": 5.3, "currency": "CNY", "per_million_samples": per_million},
+            "ceiling": {"value": tflops / 2.0, "achieved_tflops_per_rank": tflops, "formula": "F"},
+        }
+    hours = {"mp.fp32": 4096 / 80 / 3600, "mp.amp": 4096 / 50 / 3600}
+    job = {
+        i: {"samples": 2048, "epochs": 2, "hours": h, "cost": h * 2 * 5.3, "currency": "CNY"} for i, h in hours.items()
+    }
+    document["ranking"] = {
+        "mp": {
+            "by_cost": [{"id": i, "cost": job[i]["cost"], "job": job[i]} for i in ("mp.fp32", "mp.amp")],
+            "by_time": [
+                {"id": i, "samples_per_s": r, "hours": hours[i]} for i, r in (("mp.fp32", 80.0), ("mp.amp", 50.0))
+            ],
+        }
+    }
+    document["ceilings"] = {"bf16": {"dtype": "bf16", "tflops": 2.0, "scenario": "microbench.matmul_bf16"}}
+    return document
+
+
+def test_cost_tables_show_each_configurations_price_and_job_estimate() -> None:
+    from perfsuite.htmlreport import efficiency
+
+    (group,) = efficiency.cost_groups(priced(document()))
+    assert group.group == "mp" and group.columns[-2:] == efficiency.JOB_COLUMNS
+    assert group.rows[0] == ("mp.fp32", "80", "2", "36.81 CNY", "-", "-", "0.01422", "0.1508 CNY")
+    assert group.rows[1][0] == "mp.amp" and group.rows[1][-1] == "0.2412 CNY"
+    assert group.cheapest_first == "mp.fp32 < mp.amp"
+
+
+def test_without_a_price_or_job_the_cost_table_has_times_only() -> None:
+    from perfsuite.htmlreport import efficiency
+
+    doc = document()
+    doc["ranking"] = {"mp": {"by_cost": [], "by_time": [{"id": "mp.fp32", "samples_per_s": 80.0},
+                                                        {"id": "mp.amp", "samples_per_s": 50.0}]}}  # fmt: skip
+    (group,) = efficiency.cost_groups(doc)
+    assert group.columns == efficiency.COST_COLUMNS and group.cheapest_first == ""
+    assert group.rows == [("mp.fp32", "80", "2", "-", "-", "-"), ("mp.amp", "50", "2", "-", "-", "-")]
+
+
+def test_ceilings_and_achieved_tflops_are_tabulated_with_their_formula() -> None:
+    from perfsuite.htmlreport import efficiency
+
+    doc = priced(document())
+    assert efficiency.ceilings(doc) == [("bf16", "2", "microbench.matmul_bf16")]
+    assert efficiency.achieved(doc) == [("mp.fp32", "bf16", "0.5", "25.0%", "-", "-"),
+                                        ("mp.amp", "bf16", "0.3", "15.0%", "-", "-")]  # fmt: skip
+    assert efficiency.formulas(doc) == ["F"]
+
+
+def test_the_page_has_the_cost_and_hardware_sections() -> None:
+    pytest.importorskip("matplotlib", reason="the report extra: pip install 'perfsuite[report]'")
+    from perfsuite.htmlreport.page import render
+
+    text = render(priced(document()), "results.json")
+    assert 'id="cost"' in text and "Cheapest first: mp.fp32 &lt; mp.amp" in text and "0.1508 CNY" in text
+    assert 'id="hardware"' in text and "microbench.matmul_bf16" in text and "25.0%" in text
+    bare = render(document(), "results.json")
+    assert "No group measured two or more training configurations" in bare
+    assert "No matmul microbenchmark ran in this session" in bare

@@ -6,6 +6,8 @@ and a summary table.
 * :mod:`~perfsuite.htmlreport.summary` writes the summary as markdown (a CI job
   summary) or as rows for a plain-text table;
 * :mod:`~perfsuite.htmlreport.plots` draws the charts with matplotlib;
+* :mod:`~perfsuite.htmlreport.efficiency` tabulates cost and time per group
+  and the achieved TFLOP/s against the session's ceilings and the datasheet;
 * :mod:`~perfsuite.htmlreport.page` assembles one self-contained HTML page
   (charts embedded as PNG data) with jinja2, optionally with trend charts from
   a history folder (:mod:`perfsuite.exports.history`).

@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 
 from perfsuite.files import atomic_write_text
-from perfsuite.htmlreport import plots, summary
+from perfsuite.htmlreport import efficiency, plots, summary
 from perfsuite.htmlreport import results as res
 
 TEMPLATE = "page.html.j2"
@@ -35,7 +35,12 @@ def render(document: Mapping[str, Any], source: str, history: Path | None = None
         rows=[(summary.row(r), res.style(r["verdict"])) for r in document["results"]],
         overview=plots.overview(document),
         relations=document.get("relations") or [],
-        ranking=_ranking(document.get("ranking") or {}),
+        costs=efficiency.cost_groups(document),
+        ceilings=efficiency.ceilings(document),
+        achieved=efficiency.achieved(document),
+        formulas=efficiency.formulas(document),
+        ceiling_columns=efficiency.CEILING_COLUMNS,
+        achieved_columns=efficiency.ACHIEVED_COLUMNS,
         seed=[(r["id"], summary.throughput(r), summary.peak_mib(r), res.reference(r)) for r in document["results"]],
         scenarios=[_scenario(r) for r in document["results"]],
         trends=_trends(document, history) if history is not None else None,
@@ -55,16 +60,6 @@ def _machine(machine: Mapping[str, Any]) -> list[tuple[str, str]]:
     facts = [("host", machine.get("host")), ("cpu", machine.get("cpu")), ("cpus", machine.get("cpu_count")),
              ("gpus", gpus or "none"), ("python", machine.get("python")), ("packages", packages)]  # fmt: skip
     return [(k, str(v)) for k, v in facts if v not in (None, "")]
-
-
-def _ranking(ranking: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Per group, the scenarios fastest first."""
-    found = []
-    for group, orders in ranking.items():
-        by_time = orders.get("by_time") if isinstance(orders, Mapping) else None
-        if by_time:
-            found.append((group, " > ".join(str(entry.get("id")) for entry in by_time)))
-    return found
 
 
 def _scenario(result: res.Result) -> dict[str, Any]:
