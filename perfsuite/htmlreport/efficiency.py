@@ -77,7 +77,7 @@ def ceilings(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
 
 def achieved(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
     """Training scenarios that have a ceiling fraction or an MFU: what they achieved against each."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for result in document["results"]:
         ceiling, mfu = _extra(result, "ceiling"), _extra(result, "mfu")
         if not ceiling and not mfu:
