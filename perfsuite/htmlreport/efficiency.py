@@ -44,11 +44,12 @@ def cost_groups(document: Mapping[str, Any]) -> list[GroupCosts]:
         if not isinstance(order, Mapping) or not order.get("by_time"):
             continue
         with_job = any("hours" in entry for entry in order["by_time"])
+        by_cost = order.get("by_cost") or []
         # A job's cost is in the by-cost list only (priced entries), its hours in both.
-        jobs = {str(e["id"]): e.get("job") or {} for e in order.get("by_cost") or []}
+        jobs = {str(e["id"]): e.get("job") or {} for e in by_cost}
         rows = [_cost_row(entry, by_id.get(entry["id"]), jobs.get(entry["id"], {}) if with_job else None)
                 for entry in order["by_time"]]  # fmt: skip
-        cheapest = " < ".join(jobs)
+        cheapest = " < ".join(str(e["id"]) for e in by_cost)
         groups.append(GroupCosts(group, COST_COLUMNS + (JOB_COLUMNS if with_job else ()), rows, cheapest))
     return groups
 
@@ -107,11 +108,11 @@ def _extra(result: res.Result | None, key: str) -> Mapping[str, Any]:
     return found if isinstance(found, Mapping) else {}
 
 
-def _number(value: Any, suffix: str = "") -> str:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:.4g}{suffix}"
-    return "-"
+def _number(node: Any, suffix: str = "") -> str:
+    found = res.number(node)
+    return "-" if found is None else f"{found:.4g}{suffix}"
 
 
-def _percent(value: Any) -> str:
-    return f"{value:.1%}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+def _percent(node: Any) -> str:
+    found = res.number(node)
+    return "-" if found is None else f"{found:.1%}"

@@ -81,20 +81,22 @@ def _primaries() -> dict[str, str]:
     return found
 
 
-def value(metrics: Mapping[str, Any] | None, name: str) -> float | None:
-    """A metric's number (a spread's mean), or None where it was not measured."""
-    node = (metrics or {}).get(name)
-    if isinstance(node, Mapping):
-        node = node.get("mean")
+def number(node: Any) -> float | None:
+    """``node`` as a float when the file holds a finite number there (JSON's true is not one)."""
     if isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node):
         return float(node)
     return None
 
 
+def value(metrics: Mapping[str, Any] | None, name: str) -> float | None:
+    """A metric's number (a spread's mean), or None where it was not measured."""
+    node = (metrics or {}).get(name)
+    return number(node.get("mean") if isinstance(node, Mapping) else node)
+
+
 def spread(metrics: Mapping[str, Any] | None, name: str) -> float | None:
     node = (metrics or {}).get(name)
-    std = node.get("std") if isinstance(node, Mapping) else None
-    return float(std) if isinstance(std, (int, float)) and math.isfinite(std) else None
+    return number(node.get("std") if isinstance(node, Mapping) else None)
 
 
 def check(result: Result, name: str | None) -> Mapping[str, Any] | None:
