@@ -15,7 +15,15 @@ cost the same as GPT's. The head:
 * token head (masked or causal LM): 6*B*s*h*V, V the vocabulary, as Megatron;
 * sequence classifier (``bert_cls``): 6*B*(h^2 + h*c), the pooler and the c
   classes on one token per row. An LM head there would add V/(12*l*h) times
-  the blocks' 72*B*s*l*h^2, 0.28 at BERT-base's size.
+  the blocks' 72*B*s*l*h^2, 0.28 at BERT-base's size;
+* BERT pre-training (``bert_pretraining``): both, the LM head and the pooler
+  with the c = 2 next-sentence classes, 6*B*s*h*V + 6*B*(h^2 + 2h).
+
+Only matmuls count, in the blocks as in the heads: no biases, layer norms or
+softmaxes. The token head is Megatron's GPT head, the decoder alone: BERT's
+masked-LM head also applies a dense h x h transform to every token first,
+6*B*s*h^2 more, h/(l*(12h + 2s)) of the blocks when f = 4h (about 0.6% at
+BERT-base's size), left out in ``bert`` and ``bert_pretraining`` alike.
 
 Peaks are dense (no 2:4 sparsity) datasheet figures per GPU, per exact SKU as
 NVML names it: fp16/bf16 on tensor cores with fp32 accumulation (what autocast
@@ -32,11 +40,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from perfsuite.models import CLASSIFICATION_LABELS, FAMILIES
+from perfsuite.models import CLASSIFICATION_LABELS, FAMILIES, NEXT_SENTENCE_LABELS
 
 FORMULA = (
     "megatron, f apart: 6*B*s*l*h*(4h + 2f + 2s) + head per iteration, no recompute;"
-    " head 6*B*s*h*V (LM) or 6*B*(h^2 + h*c) (sequence classifier)"
+    " head 6*B*s*h*V (LM), 6*B*(h^2 + h*c) (sequence classifier) or both with c = 2 (BERT pre-training:"
+    " LM + next sentence)"
 )
 
 
@@ -116,9 +125,17 @@ def flops_per_iteration(config: Mapping[str, Any]) -> float:
     f = m.get("ffn") or 4 * h
     blocks = 6.0 * b * s * layers * h * (4 * h + 2 * f + 2 * s)
     family = FAMILIES.get(m.get("family", ""))
-    if family is not None and family.objective == "classification":
-        return blocks + 6.0 * b * (h * h + h * CLASSIFICATION_LABELS)
-    return blocks + 6.0 * b * s * h * m["vocab"]
+    objective = family.objective if family is not None else None
+    lm_head = 6.0 * b * s * h * m["vocab"]
+
+    def pooled(classes: int) -> float:  # the pooler and a classifier on one token per row
+        return 6.0 * b * (h * h + h * classes)
+
+    if objective == "classification":
+        return blocks + pooled(CLASSIFICATION_LABELS)
+    if objective == "mlm_nsp":
+        return blocks + lm_head + pooled(NEXT_SENTENCE_LABELS)
+    return blocks + lm_head
 
 
 def mfu(

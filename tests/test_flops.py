@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from perfsuite.flops import flops_per_iteration, gpu_peak, mfu, of_peak
-from perfsuite.models import CLASSIFICATION_LABELS
+from perfsuite.models import CLASSIFICATION_LABELS, NEXT_SENTENCE_LABELS
 
 GPT_1_3B = {
     "model": {"layers": 24, "hidden": 2048, "vocab": 50304},
@@ -37,6 +37,22 @@ def test_a_sequence_classifier_counts_its_small_head_not_an_lm_head() -> None:
     blocks = 72 * 32 * 128 * 12 * 768**2 * (1 + 128 / (6 * 768))
     assert cls == pytest.approx(blocks, rel=1e-3)  # the classifier is a rounding error
     assert lm / cls == pytest.approx(1 + 30522 / (12 * 12 * 768) / (1 + 128 / (6 * 768)), rel=1e-3)
+
+
+def test_bert_pretraining_counts_the_lm_head_and_the_next_sentence_head() -> None:
+    # Seed A1: BERT-base, global batch 64, seq 512. BertForPreTraining is
+    # BertForMaskedLM plus the pooler (h*h + h) and a 2-way classifier (2h + 2):
+    # their matmuls cost 6*B*(h^2 + 2h) per iteration, one token per row.
+    model = {"layers": 12, "hidden": 768, "vocab": 30522}
+    config = {"global_batch": 64, "seq_len": 512, "precision": "fp16", "world_size": 4}
+    lm = flops_per_iteration({**config, "model": {**model, "family": "bert"}})
+    pretraining = flops_per_iteration({**config, "model": {**model, "family": "bert_pretraining"}})
+    assert NEXT_SENTENCE_LABELS == 2
+    assert pretraining - lm == pytest.approx(6 * 64 * (768**2 + 768 * 2))
+    blocks = 72 * 64 * 512 * 12 * 768**2 * (1 + 512 / (6 * 768))
+    assert pretraining == pytest.approx(blocks + 6 * 64 * 512 * 768 * 30522 + 6 * 64 * (768**2 + 2 * 768))
+    assert 0 < pretraining / lm - 1 < 1e-5  # the next-sentence head is a rounding error
+    assert "BERT pre-training" in mfu(config | {"model": model}, 1.0, "NVIDIA H100 80GB HBM3")["formula"]
 
 
 def test_mfu_uses_the_gpu_peak_and_names_the_formula() -> None:

@@ -4,8 +4,8 @@ config with random weights (nothing is downloaded).
 This ``__init__`` is torch-free, because scenarios (in the pytest process)
 declare and validate a :class:`ModelSpec`. The builders live beside it and
 import torch: :mod:`perfsuite.models.build` (entry point and synthetic
-batches), :mod:`perfsuite.models.hf` (transformers' BERT, BERT with a
-sequence-classification head, and GPT-2) and
+batches), :mod:`perfsuite.models.hf` (transformers' BERT with a masked-LM head, with
+the pre-training heads, or with a sequence-classification head, and GPT-2) and
 :mod:`perfsuite.models.megatron_gpt` (a GPT of plain ``nn.Linear`` layers that
 tensor and pipeline parallelism can split).
 """
@@ -19,9 +19,11 @@ from typing import Literal
 
 from perfsuite.validation import check_choice, check_int, fail
 
-Objective = Literal["mlm", "causal_lm", "classification"]
+Objective = Literal["mlm", "mlm_nsp", "causal_lm", "classification"]
 #: Classes of the ``classification`` objective's synthetic labels (binary, like GLUE's MRPC or SST-2).
 CLASSIFICATION_LABELS = 2
+#: Classes of next-sentence prediction (is next / random), fixed by BERT's pre-training head.
+NEXT_SENTENCE_LABELS = 2
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,9 @@ class ModelFamily:
     builder: str
     """``module:function`` that builds the ``nn.Module`` from a ModelSpec (rank side)."""
     objective: Objective
-    """Training labels of its synthetic batches: masked-LM (15% of tokens), next-token,
-    or one class per row (sequence classification)."""
+    """Training labels of its synthetic batches: masked-LM (15% of tokens), masked-LM
+    plus a next-sentence label per row (BERT pre-training), next-token, or one
+    class per row (sequence classification)."""
     description: str = ""
     has_dropout: bool = False
     """Whether its builder applies ``ModelSpec.dropout`` (False: only None or 0 is accepted)."""
@@ -45,6 +48,13 @@ FAMILIES: Mapping[str, ModelFamily] = MappingProxyType(
         f.name: f
         for f in (
             ModelFamily("bert", "perfsuite.models.hf:bert", "mlm", "transformers BertForMaskedLM", has_dropout=True),
+            ModelFamily(
+                "bert_pretraining",
+                "perfsuite.models.hf:bert_pretraining",
+                "mlm_nsp",
+                "transformers BertForPreTraining (masked-LM and next-sentence heads: BERT's pre-training)",
+                has_dropout=True,
+            ),
             ModelFamily(
                 "bert_cls",
                 "perfsuite.models.hf:bert_cls",
@@ -114,4 +124,4 @@ class ModelSpec:
         return FAMILIES[self.family].objective
 
 
-__all__ = ["CLASSIFICATION_LABELS", "FAMILIES", "ModelFamily", "ModelSpec"]
+__all__ = ["CLASSIFICATION_LABELS", "FAMILIES", "NEXT_SENTENCE_LABELS", "ModelFamily", "ModelSpec"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from perfsuite.models import CLASSIFICATION_LABELS, FAMILIES, ModelSpec
+from perfsuite.models import CLASSIFICATION_LABELS, FAMILIES, NEXT_SENTENCE_LABELS, ModelSpec
 from perfsuite.protocol import import_object
 
 MLM_PROBABILITY = 0.15  # BERT pre-training masks 15% of tokens
@@ -21,19 +21,25 @@ def build_model(spec: ModelSpec) -> nn.Module:
 def synthetic_batch(
     spec: ModelSpec, seq_len: int, device: torch.device, rows: int, seed: int
 ) -> dict[str, torch.Tensor]:
-    """``rows`` sequences of random tokens with the family's training labels."""
+    """``rows`` sequences of random tokens with the family's training labels
+    (``mlm_nsp`` also gives each row a ``next_sentence_label``: the model's loss
+    is then the sum of both, as in BERT's pre-training)."""
     gen = torch.Generator().manual_seed(seed)
     shape = (rows, seq_len)
     input_ids = torch.randint(0, spec.vocab, shape, generator=gen)
-    if spec.objective == "mlm":
+    extra: dict[str, torch.Tensor] = {}
+    if spec.objective in ("mlm", "mlm_nsp"):
         # Masked-LM: predict 15% of positions, ignore the rest.
         masked = torch.rand(shape, generator=gen) < MLM_PROBABILITY
         labels = torch.where(masked, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+        if spec.objective == "mlm_nsp":  # is the second segment the next one: one label per row
+            extra["next_sentence_label"] = torch.randint(0, NEXT_SENTENCE_LABELS, (rows,), generator=gen)
     elif spec.objective == "classification":
         labels = torch.randint(0, CLASSIFICATION_LABELS, (rows,), generator=gen)  # one class per row
     else:
         labels = input_ids.clone()  # causal LM: the model shifts labels itself
-    return {"input_ids": input_ids.to(device), "labels": labels.to(device)}
+    batch = {"input_ids": input_ids, "labels": labels, **extra}
+    return {name: tensor.to(device) for name, tensor in batch.items()}
 
 
 def transformer_blocks(model: nn.Module) -> nn.ModuleList:

@@ -36,6 +36,15 @@ def bert(m: ModelSpec) -> nn.Module:
     return BertForMaskedLM(_bert_config(m))
 
 
+def bert_pretraining(m: ModelSpec) -> nn.Module:
+    """BERT with both pre-training heads: the masked-LM head (its decoder tied
+    to the word embeddings) and the pooler with the next-sentence classifier.
+    BERT-base's shape has 110,106,428 parameters (BertForMaskedLM: 109,514,298)."""
+    from transformers import BertForPreTraining
+
+    return BertForPreTraining(_bert_config(m))
+
+
 def bert_cls(m: ModelSpec) -> nn.Module:
     """BERT with a sequence-classification head (transformers 4.44 to 5.x).
 
