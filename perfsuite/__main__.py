@@ -1,4 +1,7 @@
-"""Command line: ``python -m perfsuite calibrate|selftest|doctor|history|report|summary``.
+"""Command line: ``python -m perfsuite calibrate|selftest|doctor|bootstrap|history|report|summary``.
+
+``bootstrap`` makes this runner's profile ready to judge within a time budget
+(:mod:`perfsuite.bootstrap`).
 
 ``history`` shows a scenario's metric over the commits of a ``--perf-history``
 store with its change points (:mod:`perfsuite.exports.historycmd`); ``report``
@@ -29,8 +32,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from perfsuite.exports import historycmd
+from perfsuite.files import atomic_write_json
 from perfsuite.htmlreport import cli as htmlreport_cli
 
 
@@ -46,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("-k", dest="keyword", required=True, help="pytest -k expression (one scenario is best)")
     selftest.add_argument("--levels", default="0,25,50,100", help="slowdowns in %% (default 0,25,50,100)")
     selftest.add_argument("--trials", type=int, default=10, help="runs per level (default 10)")
+    selftest.add_argument("--json", type=Path, metavar="PATH", help="also write the table as JSON to PATH")
     selftest.add_argument(
         "--ab",
         metavar="BASE,CANDIDATE",
@@ -57,9 +63,46 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("-k", dest="keyword", help="pytest -k expression selecting scenarios")
     doctor.add_argument("--engines", help="comma-separated engines to check (default: all)")
     doctor.add_argument("--no-smoke", action="store_true", help="skip the smoke runs (import checks only)")
+    add_bootstrap_parser(commands)
     historycmd.add_parser(commands)  # history DIR: a metric over commits and its change points
     htmlreport_cli.add_parsers(commands)  # report, summary: a results file as a page or a table
     return parser
+
+
+def add_bootstrap_parser(commands: Any) -> None:
+    boot = commands.add_parser(
+        "bootstrap", help="make this runner's profile ready to judge within a time budget (resumable)"
+    )
+    boot.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
+    boot.add_argument("--budget", default="8m", help="wall-clock budget for everything, e.g. 8m, 90s (default 8m)")
+    boot.add_argument("--out", type=Path, default=Path("build/bootstrap"),
+                      help="state, logs, results and reports (default build/bootstrap)")  # fmt: skip
+    boot.add_argument("--baselines", type=Path, default=Path("baselines"),
+                      help="baselines folder to fill (default baselines)")  # fmt: skip
+    boot.add_argument("--perf-profile", dest="profile", help="profile (default: detected from this machine)")
+    boot.add_argument("-k", dest="keyword", help="pytest -k expression limiting the scenarios")
+    boot.add_argument("--repeats", type=int, default=3, help="fresh launches per spread measurement (default 3)")
+    boot.add_argument("--levels", default="0,3,5,10", help="selftest slowdowns in %% (default 0,3,5,10)")
+    boot.add_argument("--trials", type=int, default=2, help="selftest trials per level (default 2)")
+    boot.add_argument("--redo", action="store_true", help="start over: ignore earlier state and baselines")
+    boot.add_argument("--dry-run", action="store_true", help="print the plan and estimates; launch nothing")
+
+
+def bootstrap(ns: argparse.Namespace, extra: list[str]) -> int:
+    from perfsuite.bootstrap.plan import Settings
+    from perfsuite.bootstrap.run import Options, parse_duration, run
+
+    try:
+        budget = parse_duration(ns.budget)
+        levels = tuple(float(x) for x in ns.levels.split(","))
+    except ValueError as exc:
+        raise SystemExit(f"perfsuite bootstrap: {exc}") from None
+    if ns.repeats < 2 or ns.trials < 1:
+        raise SystemExit("perfsuite bootstrap: --repeats must be >= 2 (a spread) and --trials >= 1")
+    settings = Settings(repeats=ns.repeats, levels=levels, trials=ns.trials)
+    options = Options(budget, ns.out.resolve(), ns.baselines.resolve(), tuple(ns.paths), ns.keyword, ns.profile,
+                      settings, ns.redo, ns.dry_run, tuple(extra))  # fmt: skip
+    return run(options)
 
 
 def calibrate_args(ns: argparse.Namespace, extra: list[str]) -> list[str]:
@@ -76,6 +119,7 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
     outcome is read from its results file, so a scenario that did not run
     (skipped here) stops the self-test instead of counting as "not caught"."""
     levels = [float(x) for x in ns.levels.split(",")]
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="perfsuite-selftest-") as tmp:
         out = Path(tmp) / "results.json"
         for level in levels:
@@ -89,11 +133,15 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
                 verdicts = ab_verdicts(out, cmd, code) if ns.ab else trial_verdicts(out, cmd, code)
                 caught += "regression" in verdicts
                 unreliable += "unreliable" in verdicts
+            rows.append({"level": level, "throughput_change": -level / (100 + level), "trials": ns.trials,
+                         "failed": caught, "unreliable": unreliable})  # fmt: skip
             note = f", unreliable {unreliable}" if unreliable else ""
             print(
                 f"slowdown {level:5.0f}%  throughput -{level / (100 + level):.0%}  failed {caught}/{ns.trials}{note}",
                 flush=True,
             )
+            if ns.json:  # after every level, so a stopped self-test keeps what it measured
+                atomic_write_json(ns.json, {"keyword": ns.keyword, "ab": ns.ab, "levels": rows})
     return 0
 
 
@@ -123,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ns, extra = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
     if ns.command == "selftest":
         return selftest(ns, extra)
+    if ns.command == "bootstrap":
+        return bootstrap(ns, extra)
     if ns.command == "history":
         return historycmd.run(ns)
     if ns.command in htmlreport_cli.COMMANDS:

@@ -128,25 +128,39 @@ class _Collector:
 
     def __init__(self) -> None:
         self.scenarios: dict[str, BaseScenario] = {}
+        self.nodeids: dict[str, str] = {}
         self.errors = 0
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         self.errors += report.failed
 
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        for item in items:
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        # After -k/-m deselection (collection_modifyitems hooks may run before it).
+        for item in session.items:
             callspec = getattr(item, "callspec", None)
             scenario = callspec.params.get("scenario") if callspec else None
             if isinstance(scenario, BaseScenario):
                 self.scenarios[scenario.id] = scenario
+                self.nodeids[scenario.id] = item.nodeid
 
 
 def collect(paths: Sequence[str], keyword: str | None) -> tuple[list[BaseScenario], int]:
+    collector = _collect(paths, keyword)
+    return list(collector.scenarios.values()), collector.errors
+
+
+def collect_with_nodeids(paths: Sequence[str], keyword: str | None) -> tuple[list[tuple[BaseScenario, str]], int]:
+    """Each scenario with the pytest node id that runs exactly it, and the count of modules that failed."""
+    collector = _collect(paths, keyword)
+    return [(s, collector.nodeids[i]) for i, s in collector.scenarios.items()], collector.errors
+
+
+def _collect(paths: Sequence[str], keyword: str | None) -> _Collector:
     collector = _Collector()
     args = [*paths, "--collect-only", "-qq", "-p", "no:cacheprovider", *(["-k", keyword] if keyword else [])]
     with contextlib.redirect_stdout(io.StringIO()):
         pytest.main(args, plugins=[collector])
-    return list(collector.scenarios.values()), collector.errors
+    return collector
 
 
 def describe_machine(fingerprint: dict[str, Any], profile: HardwareProfile) -> list[str]:

@@ -35,6 +35,7 @@ from perfsuite.fingerprint import stack_changes, tracked_packages
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob, devicelock
 from perfsuite.launch.procs import launcher_env
 from perfsuite.launch.torchrun import LocalTorchrun, Topology, TopologyError, TorchrunLauncher
+from perfsuite.nvmlcodes import HARMLESS_REASONS
 from perfsuite.profiles import HardwareProfile
 from perfsuite.progress import Progress
 from perfsuite.protocol import RankJob
@@ -46,7 +47,6 @@ from perfsuite.workloads.base import BaseScenario
 #: two independent measurements (sqrt(2) x the between-launch CV), Megatron's
 #: 3-sigma rule applied to "new run vs stored baseline".
 CALIBRATION_SIGMAS = 3.0
-TOLERANCE_FLOOR = 0.02
 TOLERANCE_CEILING = 0.9
 
 
@@ -440,7 +440,9 @@ class PerfSession:
         if result.metrics is not None:
             metrics = baseline_metrics(result.metrics)
             if self.settings.calibrate:
-                tolerances, extra["calibration"] = calibrated_tolerances(result.metrics, self._defaults(scenario))
+                tolerances, extra["calibration"] = calibrated_tolerances(
+                    result.metrics, self._defaults(scenario), self.profile.calibration_floor_of
+                )
         store = self.store_for(self.env_of(scenario))
         entry = store.record(
             scenario.group,
@@ -537,7 +539,7 @@ def throttled(metrics: ScenarioMetrics) -> str:
     """GPU clock events that slow the card (power cap, thermal, hardware
     slowdown; not sync boost) seen by NVML during the measured steps."""
     hits = [
-        f"rank {h['rank']}: {', '.join(r for r in h['throttle_reasons'] if r != 'sync_boost')}"
+        f"rank {h['rank']}: {', '.join(r for r in h['throttle_reasons'] if r not in HARMLESS_REASONS)}"
         for h in metrics.health
         if h.get("throttled")
     ]
@@ -608,12 +610,13 @@ def _unconfirmed(judgement: Judgement, attempts: list[dict[str, Any]]) -> Judgem
 
 
 def calibrated_tolerances(
-    metrics: ScenarioMetrics, defaults: Mapping[str, float]
+    metrics: ScenarioMetrics, defaults: Mapping[str, float], floor: Callable[[str], float]
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Tolerances from the spread between launches (needs ``--perf-repeats`` >= 2).
 
     Noisy metrics that are gated get 3 sigma of the difference of two launches,
-    clamped to [2%, 90%]; exact ones keep their default (they do not vary).
+    clamped to [the profile's floor, 90%]; exact ones keep their default (they
+    do not vary).
     """
     repeats = metrics.repeats
     if len(repeats) < 2:
@@ -629,7 +632,8 @@ def calibrated_tolerances(
         cv = Summary.of([r[name] for r in repeats]).cv
         spread[f"cv_{name}"] = cv
         tolerance = CALIBRATION_SIGMAS * math.sqrt(2) * cv
-        tolerances[name] = round(min(TOLERANCE_CEILING, max(TOLERANCE_FLOOR, tolerance)), 3)
+        spread[f"floor_{name}"] = floor(name)
+        tolerances[name] = round(min(TOLERANCE_CEILING, max(floor(name), tolerance)), 3)
     return tolerances, spread
 
 

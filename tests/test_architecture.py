@@ -53,6 +53,7 @@ PYTEST_SIDE = (
     "perfsuite.progress",
     "perfsuite.exports",
     "perfsuite.htmlreport",
+    "perfsuite.bootstrap",
 )
 Graph = Mapping[str, set[str]]
 

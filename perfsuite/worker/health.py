@@ -24,18 +24,8 @@ from typing import Any
 import psutil
 import torch
 
+from perfsuite.nvmlcodes import HARMLESS_REASONS, reasons_of
 from perfsuite.worker.nvml import NvmlDevice
-
-# NVML clock-event reasons that mean "slower than the card can go" (the idle
-# and application-clock-setting bits are left out: they are not throttling).
-THROTTLE_REASONS = {
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal": 0x20,
-    "hw_thermal": 0x40,
-    "hw_power_brake": 0x80,
-}
 
 
 class HealthTracker:
@@ -83,7 +73,7 @@ class HealthTracker:
             values = [s[key] for s in self.samples if key in s]
             summary[key] = {"min": min(values), "max": max(values), "mean": sum(values) / len(values)}
         # Sync boost only aligns clocks across GPUs of one group; the others slow the card.
-        summary["throttled"] = bool(self.reasons - {"sync_boost"})
+        summary["throttled"] = bool(self.reasons - HARMLESS_REASONS)
         summary["contention"] = self.contention()
         return summary
 
@@ -149,7 +139,7 @@ class CudaHealthTracker(HealthTracker):
         gpu, nvml = self.gpu, self.gpu.nvml
         bits = gpu.clock_event_reasons()
         if bits is not None:
-            self.reasons |= {name for name, bit in THROTTLE_REASONS.items() if bits & bit}
+            self.reasons |= set(reasons_of(bits))
         readings = {
             "sm_clock_mhz": gpu.call(
                 "SM clock", lambda: float(nvml.nvmlDeviceGetClockInfo(gpu.handle, nvml.NVML_CLOCK_SM))

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
 NVML_TEMPERATURE_GPU = 0
 
 

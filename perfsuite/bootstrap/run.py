@@ -1,0 +1,188 @@
+"""The bootstrap loop: plan, then run each step while the time left holds it.
+
+Exit status: 0 when everything this machine can record is recorded; 3 when
+the budget ran out but everything it started was recorded (incomplete and
+resumable: run it again); 1 when a step failed. The last line says which.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfsuite.baselines import BaselineStore
+from perfsuite.bootstrap import report
+from perfsuite.bootstrap.costs import FILENAME, Costs
+from perfsuite.bootstrap.plan import Done, Plan, Settings, Step, make_plan, targets_for
+from perfsuite.bootstrap.state import State, StepRecord, done_in
+from perfsuite.bootstrap.steps import Context, doctor_step, pytest_step, selftest_step
+from perfsuite.profiles import HardwareProfile
+
+EXIT_COMPLETE, EXIT_FAILED, EXIT_INCOMPLETE = 0, 1, 3
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(s|m|h)?\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, None: 1}
+
+
+def parse_duration(text: str) -> float:
+    """``8m``, ``90s``, ``90`` (seconds) or ``1.5h`` in seconds; a clear error otherwise."""
+    found = _DURATION.match(text)
+    if not found or float(found[1]) <= 0:
+        raise ValueError(f"--budget {text!r}: give a positive duration such as 8m, 90s or 1.5h")
+    return float(found[1]) * _UNIT_S[found[2]]
+
+
+class Budget:
+    """Wall-clock seconds from ``start``; ``left()`` counts down to zero."""
+
+    def __init__(self, total_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.total_s, self.clock, self.start = total_s, clock, clock()
+
+    def used(self) -> float:
+        return self.clock() - self.start
+
+    def left(self) -> float:
+        return max(0.0, self.total_s - self.used())
+
+
+def clock_text(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
+@dataclass(frozen=True)
+class Options:
+    budget_s: float
+    out: Path
+    baselines: Path
+    paths: tuple[str, ...] = ("bench_tests",)
+    keyword: str | None = None
+    profile: str | None = None
+    settings: Settings = field(default_factory=Settings)
+    redo: bool = False
+    dry_run: bool = False
+    """Print the plan and exit: nothing is launched or written."""
+    pytest_args: tuple[str, ...] = ()
+    python: str = sys.executable
+
+
+def say(text: str) -> None:
+    print(f"[bootstrap] {text}", flush=True)
+
+
+def _machine(options: Options) -> tuple[dict[str, Any], HardwareProfile, list[Any]]:
+    """Fingerprint, profile and the suite's (scenario, node id) pairs, as a run would see them."""
+    from perfsuite.doctor import collect_with_nodeids
+    from perfsuite.fingerprint import machine_fingerprint
+    from perfsuite.profiles import ProfileRegistry, profile_for
+
+    fingerprint = machine_fingerprint()
+    name = options.profile or profile_for(fingerprint)
+    profile = ProfileRegistry().get(name, fingerprint)
+    scenarios, errors = collect_with_nodeids(options.paths, options.keyword)
+    if errors:
+        raise SystemExit(f"perfsuite bootstrap: {errors} module(s) of {' '.join(options.paths)} failed to collect: "
+                         f"run pytest --collect-only {' '.join(options.paths)}")  # fmt: skip
+    return fingerprint, profile, scenarios
+
+
+def build_plan(options: Options, fingerprint: dict[str, Any], profile: HardwareProfile,
+               scenarios: Sequence[Any], costs: Costs, store: BaselineStore) -> Plan:  # fmt: skip
+    targets, not_here = targets_for(scenarios, profile, fingerprint)
+    done = Done() if options.redo else done_in(store, targets)
+    launch_s, fixed_s = costs.table(targets)
+    return make_plan(targets, not_here, launch_s, fixed_s, done, options.settings)
+
+
+def run(options: Options) -> int:
+    budget = Budget(options.budget_s)
+    fingerprint, profile, scenarios = _machine(options)
+    store = BaselineStore(options.baselines, profile.name)
+    costs_path = options.baselines / profile.name / FILENAME
+    costs = Costs.load(costs_path, profile.device)
+    plan = build_plan(options, fingerprint, profile, scenarios, costs, store)
+    if options.dry_run:
+        print("\n".join([f"profile {profile.name} ({profile.device}), budget {clock_text(options.budget_s)}:",
+                         *plan.lines()]))  # fmt: skip
+        return EXIT_COMPLETE
+    state = State.load(options.out / "state.json", profile.name, options.redo)
+    state.facts["budget_s"] = options.budget_s
+    ctx = Context(options.python, profile.name, options.baselines, options.out, options.pytest_args,
+                  options.settings.levels, options.settings.trials)  # fmt: skip
+    say(f"profile {profile.name}: {len(plan.steps)} step(s) planned, estimated "
+        f"{clock_text(sum(s.estimate_s for s in plan.steps))}, budget {clock_text(options.budget_s)}")  # fmt: skip
+    out_of_time = loop(plan, state, ctx, budget, costs, costs_path, fingerprint, profile, store)
+    return finish(plan, state, ctx, budget, costs, costs_path, store, out_of_time)
+
+
+def loop(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, costs_path: Path,
+         fingerprint: dict[str, Any], profile: HardwareProfile, store: BaselineStore) -> bool:  # fmt: skip
+    """Run the steps before the report; True when the budget stopped it."""
+    reserve = next(s.estimate_s for s in plan.steps if s.kind == "report")
+    recorded = set(done_in(store, list(plan.targets)).baselines)
+    work = [s for s in plan.steps if s.kind != "report"]
+    for number, step in enumerate(work, 1):
+        if state.finished(step.key):
+            say(f"{number}/{len(work)} {step.key}: done in an earlier run")
+            continue
+        if budget.left() - reserve < step.estimate_s:
+            say(f"{number}/{len(work)} {step.key}: not started, needs ~{step.estimate_s:.0f} s and "
+                f"{clock_text(budget.left())} are left (report reserved)")  # fmt: skip
+            return True
+        record = execute(step, ctx, budget.left() - reserve, fingerprint, profile, plan, state, costs, recorded)
+        state.record(step.key, record)
+        costs.save(costs_path)
+        recorded = set(done_in(store, list(plan.targets)).baselines)
+        say(
+            f"{number}/{len(work)} {step.key}: {record.status} in {record.wall_s:.1f} s (est {step.estimate_s:.0f})"
+            f" | used {clock_text(budget.used())}, left {clock_text(budget.left())} | {record.message[:160]}"
+        )
+        if record.status == "interrupted":
+            return True
+    return False
+
+
+def execute(step: Step, ctx: Context, timeout_s: float, fingerprint: dict[str, Any], profile: HardwareProfile,
+            plan: Plan, state: State, costs: Costs, recorded: set[str]) -> StepRecord:  # fmt: skip
+    if step.kind == "doctor":
+        record, state.facts["doctor"] = doctor_step(ctx, plan, fingerprint, profile)
+        costs.learn_fixed("doctor", record.wall_s)
+        return record
+    if step.kind == "selftest":
+        record, detection = selftest_step(step, ctx, timeout_s)
+        if detection:
+            state.facts["detection"] = detection
+        return record
+    record, results = pytest_step(step, ctx, timeout_s, frozenset(recorded))
+    costs.learn(results, step.launches, record.wall_s)
+    if record.status == "interrupted":  # it needs at least what it got: never plan it that short again
+        costs.learn_at_least(step.targets, record.wall_s / step.launches)
+    return record
+
+
+def finish(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, costs_path: Path,
+           store: BaselineStore, out_of_time: bool) -> int:  # fmt: skip
+    failed = [k for k, r in state.steps.items() if r.status == "failed" and k in {s.key for s in plan.steps}]
+    missing = [s.key for s in plan.steps if s.kind != "report" and not state.finished(s.key)]
+    if failed:
+        code, verdict = EXIT_FAILED, f"failed: {', '.join(failed)} (see {ctx.out / 'logs'})"
+    elif missing:
+        code, verdict = EXIT_INCOMPLETE, f"incomplete: {len(missing)} step(s) left ({', '.join(missing[:6])}"
+        verdict += ", ...)" if len(missing) > 6 else ")"
+        verdict += "; the budget ran out: run it again to resume" if out_of_time else ""
+    else:
+        code, verdict = EXIT_COMPLETE, "complete: everything this machine can record is recorded"
+    start = time.monotonic()
+    state.facts["used_s"] = budget.used()
+    written = report.write(state, plan, ctx.out, store, f"bootstrap {verdict}")
+    costs.learn_fixed("report", time.monotonic() - start)
+    costs.save(costs_path)
+    state.save()
+    say(f"report: {', '.join(str(p) for p in written)} | used {clock_text(budget.used())} "
+        f"of {clock_text(budget.total_s)}")  # fmt: skip
+    say(f"bootstrap {verdict} (exit {code})")
+    return code
