@@ -60,9 +60,10 @@ code=$?
 
 # The image's own packages (without the kit), for the next kit's constraints.
 env -u PYTHONPATH "$PYTHON" -m pip freeze > "$WORK/pip-freeze.txt" 2>/dev/null
-profile=$("$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['profile'])" "$WORK/state.json" 2>/dev/null)
+read -r profile folder < <("$PYTHON" -c "import json,sys; s = json.load(open(sys.argv[1]))
+print(s['profile'], s['facts'].get('baselines', ''))" "$WORK/state.json" 2>/dev/null)
 keep=("$WORK")
-[ -n "$profile" ] && [ -d "baselines/$profile" ] && keep+=("baselines/$profile")
+[ -n "${folder:-}" ] && [ -d "$folder" ] && keep+=("$(realpath --relative-to=. "$folder")")
 tar czf "$OUT/bootstrap.tar.gz" --exclude='*.lock' "${keep[@]}"
 [ -f "$WORK/bootstrap.md" ] && cp "$WORK/bootstrap.md" "$OUT/bootstrap.md"
 echo "gpu-bootstrap: profile ${profile:-unknown}, exit $code, $(( $(date +%s) - start ))s of ${total}s; kept: ${keep[*]} -> $OUT/bootstrap.tar.gz"

@@ -52,6 +52,8 @@ class Target:
     world_size: int
     shape: str
     """The resolved shape, for people reading the plan."""
+    primary: str = "samples_per_s"
+    """The metric its kind is judged by first."""
     ceiling: bool = False
     """It measures a hardware ceiling rather than a software stack."""
 
@@ -151,7 +153,7 @@ def targets_for(
             continue
         config = scenario.to_config()
         targets.append(Target(scenario.id, scenario.group, nodeid, scenario.kind, scenario.world_size,
-                              shape_of(config), is_ceiling(scenario, profile)))  # fmt: skip
+                              shape_of(config), scenario.primary, is_ceiling(scenario, profile)))  # fmt: skip
     return targets, not_here
 
 

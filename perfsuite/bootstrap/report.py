@@ -68,9 +68,8 @@ def baseline_rows(store: BaselineStore, plan: Plan) -> list[tuple[str, ...]]:
         if entry is None:
             continue
         calibration = entry.extra.get("calibration") or {}
-        primary = next((k for k in calibration if k.startswith("cv_")), "")
-        metric = primary[3:] or next(iter(entry.tolerances), "")
-        cv = res.number(calibration.get(primary))
+        metric = target.primary
+        cv = res.number(calibration.get(f"cv_{metric}"))
         tolerance = entry.tolerances.get(metric)
         rows.append((
             target.id, f"{target.world_size}", target.shape, f"{_fmt(entry.value(metric), 4)} {res.unit(metric)}",
@@ -106,7 +105,7 @@ def markdown(state: State, plan: Plan, document: Mapping[str, Any], store: Basel
     lines += [f"- budget: {facts.get('budget_s', 0):.0f} s, used {facts.get('used_s', 0):.0f} s", ""]
     lines += ["## Steps", ""]
     step_rows = []
-    for step in plan.steps:
+    for step in (s for s in plan.steps if s.kind != "report"):
         record = state.steps.get(step.key)
         status = record.status if record else "missing"
         wall = f"{record.wall_s:.1f}" if record else "-"

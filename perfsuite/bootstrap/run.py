@@ -70,6 +70,17 @@ class Options:
     python: str = sys.executable
 
 
+@dataclass(frozen=True)
+class Stores:
+    """Makes a fresh BaselineStore of one profile per call: a store caches the group files it read."""
+
+    root: Path
+    profile: str
+
+    def __call__(self) -> BaselineStore:
+        return BaselineStore(self.root, self.profile)
+
+
 def say(text: str) -> None:
     print(f"[bootstrap] {text}", flush=True)
 
@@ -101,16 +112,18 @@ def build_plan(options: Options, fingerprint: dict[str, Any], profile: HardwareP
 def run(options: Options) -> int:
     budget = Budget(options.budget_s)
     fingerprint, profile, scenarios = _machine(options)
-    store = BaselineStore(options.baselines, profile.name)
+    # A fresh store for every read: a BaselineStore caches group files, and the steps rewrite them.
+    store = Stores(options.baselines, profile.name)
     costs_path = options.baselines / profile.name / FILENAME
     costs = Costs.load(costs_path, profile.device)
-    plan = build_plan(options, fingerprint, profile, scenarios, costs, store)
+    plan = build_plan(options, fingerprint, profile, scenarios, costs, store())
     if options.dry_run:
         print("\n".join([f"profile {profile.name} ({profile.device}), budget {clock_text(options.budget_s)}:",
                          *plan.lines()]))  # fmt: skip
         return EXIT_COMPLETE
     state = State.load(options.out / "state.json", profile.name, options.redo)
     state.facts["budget_s"] = options.budget_s
+    state.facts["baselines"] = str(options.baselines / profile.name)
     ctx = Context(options.python, profile.name, options.baselines, options.out, options.pytest_args,
                   options.settings.levels, options.settings.trials)  # fmt: skip
     say(f"profile {profile.name}: {len(plan.steps)} step(s) planned, estimated "
@@ -120,10 +133,10 @@ def run(options: Options) -> int:
 
 
 def loop(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, costs_path: Path,
-         fingerprint: dict[str, Any], profile: HardwareProfile, store: BaselineStore) -> bool:  # fmt: skip
+         fingerprint: dict[str, Any], profile: HardwareProfile, store: Stores) -> bool:  # fmt: skip
     """Run the steps before the report; True when the budget stopped it."""
     reserve = next(s.estimate_s for s in plan.steps if s.kind == "report")
-    recorded = set(done_in(store, list(plan.targets)).baselines)
+    recorded = set(done_in(store(), list(plan.targets)).baselines)
     work = [s for s in plan.steps if s.kind != "report"]
     for number, step in enumerate(work, 1):
         if state.finished(step.key):
@@ -136,7 +149,7 @@ def loop(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, c
         record = execute(step, ctx, budget.left() - reserve, fingerprint, profile, plan, state, costs, recorded)
         state.record(step.key, record)
         costs.save(costs_path)
-        recorded = set(done_in(store, list(plan.targets)).baselines)
+        recorded = set(done_in(store(), list(plan.targets)).baselines)
         say(
             f"{number}/{len(work)} {step.key}: {record.status} in {record.wall_s:.1f} s (est {step.estimate_s:.0f})"
             f" | used {clock_text(budget.used())}, left {clock_text(budget.left())} | {record.message[:160]}"
@@ -165,7 +178,7 @@ def execute(step: Step, ctx: Context, timeout_s: float, fingerprint: dict[str, A
 
 
 def finish(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, costs_path: Path,
-           store: BaselineStore, out_of_time: bool) -> int:  # fmt: skip
+           store: Stores, out_of_time: bool) -> int:  # fmt: skip
     failed = [k for k, r in state.steps.items() if r.status == "failed" and k in {s.key for s in plan.steps}]
     missing = [s.key for s in plan.steps if s.kind != "report" and not state.finished(s.key)]
     if failed:
@@ -178,7 +191,7 @@ def finish(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs,
         code, verdict = EXIT_COMPLETE, "complete: everything this machine can record is recorded"
     start = time.monotonic()
     state.facts["used_s"] = budget.used()
-    written = report.write(state, plan, ctx.out, store, f"bootstrap {verdict}")
+    written = report.write(state, plan, ctx.out, store(), f"bootstrap {verdict}")
     costs.learn_fixed("report", time.monotonic() - start)
     costs.save(costs_path)
     state.save()
