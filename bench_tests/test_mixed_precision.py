@@ -1,6 +1,9 @@
 """Group mixed_precision: table A1 of the seed results (BERT-base pre-training,
 fp32 vs automatic mixed precision).
 
+The model is transformers' ``BertForPreTraining``, masked-LM and next-sentence
+heads, 110,106,428 parameters at BERT-base's shape: the seed's count
+(``BertForMaskedLM`` has 109,514,298; ``tests/test_models.py`` checks both).
 Seed shape on GPU profiles; on ``cpu`` a 2-layer BERT with 2 gloo ranks. CPU
 autocast is bf16 (fp16 matmuls have no fast CPU kernels), so the ``amp``
 scenario runs bf16 there and fp16 with a gradient scaler on GPUs, like the seed.
@@ -8,8 +11,8 @@ scenario runs bf16 there and fp16 with a gradient scaler on GPUs, like the seed.
 
 from perfsuite import ModelSpec, Relation, Scenario, parametrize, parametrize_relations
 
-BERT_BASE = ModelSpec("bert", layers=12, hidden=768, heads=12, vocab=30522, max_positions=512)
-BERT_TINY = ModelSpec("bert", layers=2, hidden=128, heads=2, vocab=8192, max_positions=128)
+BERT_BASE = ModelSpec("bert_pretraining", layers=12, hidden=768, heads=12, vocab=30522, max_positions=512)
+BERT_TINY = ModelSpec("bert_pretraining", layers=2, hidden=128, heads=2, vocab=8192, max_positions=128)
 
 # fp32 vs AMP means the same on one card: GPU profiles with fewer than 4 GPUs
 # run the seed shape per GPU (micro-batch 16 on each) at 2 or 1.

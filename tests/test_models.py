@@ -51,6 +51,14 @@ def test_bert_base_has_the_seeds_parameter_count(family: str, params: int) -> No
     assert sum(p.numel() for p in model.parameters()) == params
 
 
+def test_the_a1_scenarios_train_the_pretraining_model_at_the_seed_shape() -> None:
+    from bench_tests.test_mixed_precision import SCENARIOS
+
+    for scenario in SCENARIOS:
+        assert scenario.model == ModelSpec("bert_pretraining", **A1)
+        assert scenario.resolve(("cpu",)).model.family == "bert_pretraining"  # type: ignore[attr-defined]
+
+
 def test_pretraining_batches_carry_both_labels_and_the_loss_sums_both_heads() -> None:
     spec = ModelSpec("bert_pretraining", layers=1, hidden=32, heads=2, vocab=64, max_positions=16, dropout=0.0)
     batch = synthetic_batch(spec, 16, torch.device("cpu"), rows=4, seed=0)
