@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -129,12 +130,17 @@ def read_installed(path: Path) -> dict[str, str | None]:
 
 
 def build_local(root: Path, wheelhouse: Path, extras: str) -> None:
-    """perfsuite, and the source-only engines whose extra is asked for."""
+    """perfsuite, and the source-only engines whose extra is asked for (built apart: the folder may hold a
+    previous run's downloads, binary wheels among them)."""
     engines = [name for name in SOURCE_ONLY if name in extras.split(",")]
-    pip("wheel", "--no-deps", "-q", "-w", str(wheelhouse), str(root), *engines)
-    impure = [w.name for w in wheelhouse.glob("*.whl") if not w.name.endswith("-none-any.whl")]
-    if impure:
-        raise SystemExit(f"wheelhouse: these built wheels are not pure Python, build them on the target: {impure}")
+    with tempfile.TemporaryDirectory() as tmp:
+        pip("wheel", "--no-deps", "-q", "-w", tmp, str(root), *engines)
+        built = list(Path(tmp).glob("*.whl"))
+        impure = [w.name for w in built if not w.name.endswith("-none-any.whl")]
+        if impure:
+            raise SystemExit(f"wheelhouse: these built wheels are not pure Python, build them on the target: {impure}")
+        for wheel in built:
+            shutil.move(wheel, wheelhouse / wheel.name)
 
 
 def resolve(

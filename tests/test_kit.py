@@ -32,6 +32,8 @@ UNKNOWN = "9999"
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("kit")
+    # An earlier run's leftover, a binary wheel: not refused as a build of this run's, and pruned.
+    stub_wheel(folder, "stale", "1.0", "cp312-cp312-manylinux_2_28_x86_64")
     make = ["make", "-C", str(ROOT), "gpu-kit", f"PYTHON={sys.executable}", f"KIT={folder}"]
     build = subprocess.run(make, capture_output=True, text=True, check=False)
     if build.returncode != 0 and any(e in build.stdout + build.stderr for e in NETWORK_ERRORS):
@@ -40,12 +42,12 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def stub_wheel(folder: Path, name: str, version: str) -> None:
+def stub_wheel(folder: Path, name: str, version: str, tag: str = "py3-none-any") -> None:
     """A wheel that installs nothing and says only that ``name`` ``version`` is there."""
     dist = f"{re.sub(r'[-_.]+', '_', name)}-{version}"
-    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as whl:
+    with zipfile.ZipFile(folder / f"{dist}-{tag}.whl", "w") as whl:
         whl.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        whl.writestr(f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{dist}.dist-info/WHEEL", f"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: {tag}\n")
         whl.writestr(f"{dist}.dist-info/RECORD", "")
 
 
@@ -89,6 +91,7 @@ def test_the_kit_and_the_image_hold_every_gpu_extra(kit: Path, tmp_path: Path) -
 def test_the_kit_is_small_and_leaves_the_cuda_stack_to_the_image(kit: Path) -> None:
     wheels = {wheelhouse.wheel_key(w.name)[0]: w for w in kit.glob("*.whl")}
     assert {"perfsuite", "deepspeed", "fairscale", "megatron-core"} <= set(wheels)
+    assert "stale" not in wheels
     assert wheels["deepspeed"].name.endswith("-py3-none-any.whl")  # DS_BUILD_OPS=0: no ops built
     runtime = [
         n for n in wheels if n in ("torch", "triton") or (re.match(r"(nvidia|cuda)-", n) and n != "nvidia-ml-py")
