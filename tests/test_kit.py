@@ -58,24 +58,12 @@ def test_the_kit_and_the_image_hold_every_gpu_extra(kit: Path, tmp_path: Path) -
     for name, version in wheelhouse.read_installed(IMAGE).items():
         stub_wheel(stubs, name, version or UNKNOWN)
     report = tmp_path / "report.json"
-    # Markers evaluated for Python 3.12 (the megatron extra needs it), as the kit was resolved.
-    resolve = [
-        sys.executable,
-        "-c",
-        wheelhouse.PIP_FOR_TARGET,
-        json.dumps(wheelhouse.target_environment(PYTHON, PLATFORM)),
-    ]
-    resolve += [
-        "install",
-        "--dry-run",
-        "--ignore-installed",
-        "--target",
-        str(tmp_path / "target"),
-        "--report",
-        str(report),
-    ]
-    resolve += [*wheelhouse.platform_flags(PYTHON, PLATFORM), "--no-index"]
-    resolve += ["--find-links", str(kit), "--find-links", str(stubs), "perfsuite[deepspeed,fairscale,megatron]"]
+    # What `make setup` installs there, markers evaluated for Python 3.12 (the megatron extra needs it).
+    pip = [sys.executable, "-c", wheelhouse.PIP_FOR_TARGET, json.dumps(wheelhouse.target_environment(PYTHON, PLATFORM))]
+    where = ["--target", str(tmp_path / "target"), "--no-index", "--find-links", str(kit), "--find-links", str(stubs)]
+    wanted = ["perfsuite[deepspeed,fairscale,megatron]", wheelhouse.BUILD_BACKEND]
+    flags = wheelhouse.platform_flags(PYTHON, PLATFORM)
+    resolve = [*pip, "install", "--dry-run", "--ignore-installed", "--report", str(report), *where, *flags, *wanted]
     # No pip configuration: only the two folders.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
     done = subprocess.run(resolve, capture_output=True, text=True, check=False, env=env)
