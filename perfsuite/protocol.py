@@ -237,8 +237,9 @@ class RankReport:
     (fp16 loss-scale overflow); rates leave them out."""
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """This rank's value of each ``rank``-source metric, by registry name."""
-    memory: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    """Detail behind ``peak_mem_mib``: allocator peaks, NVML, RSS."""
+    memory: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Detail behind ``peak_mem_mib``: allocator peaks, NVML, RSS, and on CUDA
+    which NVML figure that is (``nvml_scope``) or why there is none (``nvml_error``)."""
     model_state: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """Bytes held by category (params, grads, optimizer, total)."""
     health: Mapping[str, Any] = dataclasses.field(default_factory=dict)

@@ -78,3 +78,15 @@ def test_a_report_from_a_drifted_rank_fails_loudly_naming_the_file(tmp_path: Pat
     worker_job = WorkerJob(job(tmp_path), world_size=1, timeout_s=1, workdir=tmp_path)
     with pytest.raises(ProtocolError, match=r"rank0.json: RankReport: unknown field\(s\) \['samples'\]"):
         read_reports(worker_job)
+
+
+def test_a_cuda_ranks_memory_detail_with_its_nvml_scope_reads_back(tmp_path: Path) -> None:
+    # What CudaMemoryTracker reports on a GPU: allocator peaks plus which NVML
+    # figure it read (a string), or why it has none. The first GPU run (H200,
+    # 2026-11-26) failed every launch here: the field was typed numbers-only.
+    memory = {"max_allocated_mib": 812.5, "max_reserved_mib": 900.0, "nvml_peak_mib": 1024.0,
+              "nvml_scope": "device", "nvml_error": "process list failed: NVMLError: Not Supported"}  # fmt: skip
+    RankReport(rank=0, status="ok", step_times_s=(0.1,), memory=memory).write(tmp_path / "reports" / "rank0.json")
+    wj = WorkerJob(job(tmp_path), 1, 10.0, tmp_path)
+    (report,) = read_reports(wj).values()
+    assert report.memory == memory

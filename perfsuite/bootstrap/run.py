@@ -119,7 +119,7 @@ def run(options: Options) -> int:
     plan = build_plan(options, fingerprint, profile, scenarios, costs, store())
     if options.dry_run:
         print("\n".join([f"profile {profile.name} ({profile.device}), budget {clock_text(options.budget_s)}:",
-                         *plan.lines()]))  # fmt: skip
+                         *plan.lines(options.budget_s)]))  # fmt: skip
         return EXIT_COMPLETE
     state = State.load(options.out / "state.json", profile.name, options.redo)
     state.facts["budget_s"] = options.budget_s
@@ -172,7 +172,8 @@ def execute(step: Step, ctx: Context, timeout_s: float, fingerprint: dict[str, A
         return record
     record, results = pytest_step(step, ctx, timeout_s, frozenset(recorded))
     costs.learn(results, step.launches, record.wall_s)
-    if record.status == "interrupted":  # it needs at least what it got: never plan it that short again
+    if record.status in ("interrupted", "failed") and not results:
+        # It took at least this long without reporting: never plan it shorter again.
         costs.learn_at_least(step.targets, record.wall_s / step.launches)
     return record
 
