@@ -10,6 +10,7 @@ from perfsuite import metrics as registry
 from perfsuite.files import atomic_write_json
 from perfsuite.relations import RelationOutcome
 from perfsuite.session import ScenarioResult
+from perfsuite.workloads.base import ran_otherwise
 
 COLUMNS = ("scenario", "status", "throughput", "delta", "peak MiB", "state MiB/rank", "verdict")
 
@@ -52,7 +53,10 @@ def table(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> list[str]
 
 
 def summary_lines(results: Iterable[ScenarioResult]) -> list[str]:
-    return table(COLUMNS, (_row(r) for r in results))
+    """The table, then a note per row whose variant changed its declared precision."""
+    results = list(results)
+    notes = [(r.scenario.id, ran_otherwise(r.scenario.to_config())) for r in results]
+    return table(COLUMNS, (_row(r) for r in results)) + [f"note: {name}: {note}" for name, note in notes if note]
 
 
 def relation_lines(outcomes: Iterable[RelationOutcome]) -> list[str]:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from perfsuite.htmlreport import results as res
+from perfsuite.workloads.base import ran_otherwise
 
 COLUMNS = ("scenario", "verdict", "throughput", "delta", "tolerance", "peak MiB", "detail")
 #: Marks that let a verdict be read at a glance in a job summary.
@@ -41,6 +42,8 @@ def row(result: res.Result) -> tuple[str, ...]:
     change, tolerance = delta(result)
     # The first line: a crash's message goes on with the rank's stderr.
     detail = "" if result["verdict"] == "pass" else (str(result.get("message") or "").splitlines() or [""])[0]
+    note = ran_otherwise(result.get("config") or {})  # e.g. an fp16 row that ran bf16 on cpu
+    detail = f"{detail} ({note})" if detail and note else detail or note
     return (result["id"], result["verdict"], throughput(result), change, tolerance, peak_mib(result), detail)
 
 

@@ -98,9 +98,13 @@ class BaseScenario:
     """Wall-clock limit of one launch (default: the profile's)."""
     reference: str = ""
     """Which published row this reproduces."""
+    declared: Mapping[str, Any] = field(default_factory=dict)
+    """Set by :meth:`resolve`, not by hand: the declared value of each field the
+    applied variant changed (an fp16 row's precision where it runs bf16 on cpu),
+    so the results file and the summaries can say so. Empty when declared."""
 
     def __post_init__(self) -> None:
-        for name in ("tolerances", "max_imbalance", "expect", "variants"):
+        for name in ("tolerances", "max_imbalance", "expect", "variants", "declared"):
             object.__setattr__(self, name, _frozen_mapping(self.id, name, getattr(self, name)))
         for key, overrides in self.variants.items():
             if not isinstance(overrides, Mapping):
@@ -159,6 +163,9 @@ class BaseScenario:
                 raise fail(owner, "expect", f"[{key!r}] must be one of {OUTCOMES}, got {outcome!r}")
         if self.timeout_s is not None:
             check_positive(owner, "timeout_s", self.timeout_s)
+        unknown = ", ".join(sorted(map(repr, set(self.declared) - _overridable(self))))
+        if unknown:
+            raise fail(owner, "declared", f"names no field a variant can change: {unknown}")
 
     def step_work(self) -> Mapping[str, float]:
         """Work of one step for each ``steps``-source metric it produces
@@ -207,6 +214,7 @@ class BaseScenario:
             **({"reference": self.reference} if self.reference else {}),
             "nodes": self.nodes,
             "env": self.env or "current",
+            **({"declared": {name: _plain(value) for name, value in self.declared.items()}} if self.declared else {}),
         }
 
     # -- shared behaviour -------------------------------------------------------------
@@ -225,7 +233,7 @@ class BaseScenario:
         return self.max_warmup_steps if self.max_warmup_steps is not None else 3 * self.warmup_steps
 
     def _validate_variants(self) -> None:
-        allowed = {f.name for f in dataclasses.fields(self)} - {"group", "name", "variants", "_"}
+        allowed = _overridable(self)
         for key, overrides in self.variants.items():
             unknown = set(overrides) - allowed
             if unknown:
@@ -244,7 +252,9 @@ class BaseScenario:
         """
         for key in keys:
             if key in self.variants:
-                return dataclasses.replace(self, variants={}, **self.variants[key])
+                overrides = self.variants[key]
+                changed = {name: getattr(self, name) for name, new in overrides.items() if new != getattr(self, name)}
+                return dataclasses.replace(self, variants={}, declared=changed, **overrides)
         return dataclasses.replace(self, variants={})
 
     def expected_outcome(self, keys: tuple[str, ...]) -> Outcome:
@@ -254,4 +264,31 @@ class BaseScenario:
         return "ok"
 
 
-__all__ = ["OUTCOMES", "BaseScenario", "Outcome", "ScenarioError"]
+def _overridable(scenario: BaseScenario) -> set[str]:
+    """The fields a variant may override."""
+    return {f.name for f in dataclasses.fields(scenario)} - {"group", "name", "variants", "declared", "_"}
+
+
+def _plain(value: Any) -> Any:
+    """A field's value as JSON: a dataclass or a mapping as an object, a tuple as a list."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def ran_otherwise(config: Mapping[str, Any]) -> str:
+    """What a results ``config`` ran unlike its declaration, e.g. ``fp16 row ran
+    bf16 on this profile`` for a row whose cpu variant runs bf16 ("" if its
+    precision is the declared one)."""
+    declared = (config.get("declared") or {}).get("precision")
+    ran = config.get("precision")
+    if declared is None or declared == ran:
+        return ""
+    return f"{declared} row ran {ran} on this profile"
+
+
+__all__ = ["OUTCOMES", "BaseScenario", "Outcome", "ScenarioError", "ran_otherwise"]
