@@ -107,10 +107,16 @@ class Plan:
         return {"steps": [s.to_json() for s in self.steps], "targets": [t.to_json() for t in self.targets],
                 "not_here": dict(self.not_here)}  # fmt: skip
 
-    def lines(self) -> list[str]:
-        """The plan for people: each step with its estimate, then what does not fit here."""
-        found = [f"{n:>3} {s.key:<52} ~{s.estimate_s:5.0f} s" + (f"  x{s.launches}" if s.launches > 1 else "")
-                 for n, s in enumerate(self.steps, 1)]  # fmt: skip
+    def lines(self, budget_s: float) -> list[str]:
+        """The plan for people: each step with its estimate, where ``budget_s`` ends, then what does not fit here."""
+        found, total = [], 0.0
+        report = sum(s.estimate_s for s in self.steps if s.kind == "report")
+        for n, step in enumerate(self.steps, 1):
+            if step.kind != "report" and total + step.estimate_s + report > budget_s >= total + report:
+                found.append(f"    -- the budget ends here ({budget_s:.0f} s): the steps below wait for a rerun")
+            total += step.estimate_s
+            times = f"  x{step.launches}" if step.launches > 1 else ""
+            found.append(f"{n:>3} {step.key:<52} ~{step.estimate_s:5.0f} s  (total {total:5.0f} s){times}")
         found += ["targets:", *(f"  {t.id:<48} {t.world_size} rank(s)  {t.shape}" for t in self.targets)]
         return [*found, "not here:", *(f"  {i:<48} {why}" for i, why in self.not_here.items())]
 
