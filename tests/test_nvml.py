@@ -49,15 +49,24 @@ def test_without_a_uuid_the_index_goes_through_cuda_visible_devices(monkeypatch:
 @pytest.mark.parametrize("old_api", ["", "1"])
 def test_throttle_reasons_and_sync_boost(monkeypatch: pytest.MonkeyPatch, old_api: str) -> None:
     monkeypatch.setenv("FAKE_NVML_OLD_API", old_api)
-    monkeypatch.setenv("FAKE_NVML_REASONS", str(0x4 | 0x10))  # sw power cap + sync boost
+    monkeypatch.setenv("FAKE_NVML_REASONS", str(0x40 | 0x10))  # hw thermal slowdown + sync boost
     with CudaHealthTracker(CUDA0) as health:
         health.sample()
-    assert health.result["throttle_reasons"] == ["sw_power_cap", "sync_boost"] and health.result["throttled"]
+    assert health.result["throttle_reasons"] == ["hw_thermal", "sync_boost"] and health.result["throttled"]
     assert health.result["power_w"]["max"] == 650.0
     monkeypatch.setenv("FAKE_NVML_REASONS", str(0x10))  # sync boost alone slows nothing
     with CudaHealthTracker(CUDA0) as health:
         health.sample()
     assert health.result["throttle_reasons"] == ["sync_boost"] and not health.result["throttled"]
+
+
+def test_the_cards_own_power_cap_is_recorded_but_not_throttling(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What an H200 reported on every step of every dense matmul (2026-11-26).
+    monkeypatch.setenv("FAKE_NVML_REASONS", str(0x4))
+    with CudaHealthTracker(CUDA0) as health:
+        health.sample()
+    assert health.result["throttle_reasons"] == ["sw_power_cap"] and not health.result["throttled"]
+    assert health.result["power_limit_w"] == 700.0
 
 
 def test_energy_over_the_measured_steps_comes_from_the_energy_counter() -> None:

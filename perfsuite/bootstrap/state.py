@@ -19,7 +19,8 @@ from perfsuite.baselines import BaselineError, BaselineStore
 from perfsuite.bootstrap.plan import Done, Target
 from perfsuite.files import atomic_write_json
 
-Status = Literal["done", "skipped", "failed", "interrupted", "missing"]
+#: ``unreliable``: measured, but too noisy or throttled to record; retried on a rerun, not a failure.
+Status = Literal["done", "skipped", "failed", "unreliable", "interrupted", "missing"]
 #: Statuses a resumed run does not redo.
 FINISHED: tuple[Status, ...] = ("done", "skipped")
 #: A calibration over fewer launches than this is redone.

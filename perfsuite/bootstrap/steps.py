@@ -114,7 +114,7 @@ def judge(step: Step, results: Sequence[Mapping[str, Any]], code: int | None, lo
     bad = {i: v for i, v in verdicts.items() if v not in GOOD and v != "skipped"}
     if bad:
         why = "; ".join(f"{i}: {v}: {by_id[i].get('message', '')[:300]}" for i, v in bad.items())
-        return "failed", why
+        return ("unreliable" if set(bad.values()) == {"unreliable"} else "failed"), why
     if all(v == "skipped" for v in verdicts.values()):
         return "skipped", "; ".join(f"{i}: {by_id[i].get('message', '')}" for i in verdicts)
     return "done", ", ".join(f"{i}: {v}" for i, v in verdicts.items())

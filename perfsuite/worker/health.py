@@ -72,7 +72,7 @@ class HealthTracker:
         for key in sorted({k for sample in self.samples for k in sample}):
             values = [s[key] for s in self.samples if key in s]
             summary[key] = {"min": min(values), "max": max(values), "mean": sum(values) / len(values)}
-        # Sync boost only aligns clocks across GPUs of one group; the others slow the card.
+        # perfsuite.nvmlcodes says which reasons are harmless and why.
         summary["throttled"] = bool(self.reasons - HARMLESS_REASONS)
         summary["contention"] = self.contention()
         return summary
@@ -154,6 +154,10 @@ class CudaHealthTracker(HealthTracker):
     def finish(self) -> dict[str, Any]:
         summary = super().finish()
         summary["contention"].update(self.foreign_gpu_use())
+        gpu, nvml = self.gpu, self.gpu.nvml
+        limit = gpu.call("power limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(gpu.handle) / 1000)
+        if limit is not None:  # a lowered limit slows the card as a "power cap", which is not throttling
+            summary["power_limit_w"] = limit
         end = self.energy_mj()
         if end is not None and self.energy_start_mj is not None:
             summary["energy_j"] = (end - self.energy_start_mj) / 1000  # over the measured steps

@@ -108,6 +108,11 @@ def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
     return 650_000  # milliwatts
 
 
+def nvmlDeviceGetEnforcedPowerLimit(handle: _Handle) -> int:
+    _check("nvmlDeviceGetEnforcedPowerLimit")
+    return 700_000  # milliwatts: an H100/H200 SXM's 700 W
+
+
 def nvmlDeviceGetTemperature(handle: _Handle, sensor: int) -> int:
     _check("nvmlDeviceGetTemperature")
     return 61
