@@ -124,6 +124,7 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
         out = Path(tmp) / "results.json"
         for level in levels:
             caught = unreliable = 0
+            changes: list[float] = []
             for _ in range(ns.trials):
                 plant = [f"--perf-ab={ns.ab}", f"--perf-ab-inject-slowdown={level}"] if ns.ab else [
                     f"--perf-inject-slowdown={level}"]  # fmt: skip
@@ -133,8 +134,9 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
                 verdicts = ab_verdicts(out, cmd, code) if ns.ab else trial_verdicts(out, cmd, code)
                 caught += "regression" in verdicts
                 unreliable += "unreliable" in verdicts
+                changes += [] if ns.ab else primary_changes(out)
             rows.append({"level": level, "throughput_change": -level / (100 + level), "trials": ns.trials,
-                         "failed": caught, "unreliable": unreliable})  # fmt: skip
+                         "failed": caught, "unreliable": unreliable, "measured_changes": changes})  # fmt: skip
             note = f", unreliable {unreliable}" if unreliable else ""
             print(
                 f"slowdown {level:5.0f}%  throughput -{level / (100 + level):.0%}  failed {caught}/{ns.trials}{note}",
@@ -155,6 +157,16 @@ def trial_verdicts(path: Path, cmd: list[str], code: int) -> list[str]:
         why = "; ".join(f"{r['id']}: {r['verdict']}: {r['message']}" for r in results) or "no scenario selected"
         raise SystemExit(f"perfsuite selftest: nothing was measured, so there is no gate to test ({why})")
     return [r["verdict"] for r in measured]
+
+
+def primary_changes(path: Path) -> list[float]:
+    """Each measured scenario's relative change of its primary metric against the baseline (first attempt)."""
+    found = []
+    for result in json.loads(path.read_text())["results"]:
+        primary = (result.get("config") or {}).get("primary")
+        checks = [c for c in result.get("checks") or [] if c.get("metric") == primary and c.get("delta") is not None]
+        found += [round(float(checks[0]["delta"]), 5)] if checks else []
+    return found
 
 
 def ab_verdicts(path: Path, cmd: list[str], code: int) -> list[str]:

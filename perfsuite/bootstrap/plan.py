@@ -117,7 +117,8 @@ class Plan:
             total += step.estimate_s
             times = f"  x{step.launches}" if step.launches > 1 else ""
             found.append(f"{n:>3} {step.key:<52} ~{step.estimate_s:5.0f} s  (total {total:5.0f} s){times}")
-        found += ["targets:", *(f"  {t.id:<48} {t.world_size} rank(s)  {t.shape}" for t in self.targets)]
+        found += ["targets:", *(f"  {t.id:<48} {t.world_size} rank(s)  {t.shape}" + ("  [ceiling]" if t.ceiling else "")
+                                for t in self.targets)]  # fmt: skip
         return [*found, "not here:", *(f"  {i:<48} {why}" for i, why in self.not_here.items())]
 
 

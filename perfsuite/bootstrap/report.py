@@ -6,6 +6,7 @@ noisy each scenario is, what the gate caught, and what is still missing."""
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,9 @@ def detection_rows(detection: Mapping[str, Any]) -> list[tuple[str, ...]]:
         n, k = int(row["trials"]), int(row["failed"])
         ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact") if n else None
         interval = f"{ci.low:.0%}-{ci.high:.0%}" if ci else "-"
-        rows.append((f"{row['level']:g}%", f"{row['throughput_change']:.1%}", f"{k}/{n}", interval,
+        measured = row.get("measured_changes") or []
+        seen = f"{statistics.median(measured):+.1%}" if measured else "-"
+        rows.append((f"{row['level']:g}%", f"{row['throughput_change']:.1%}", seen, f"{k}/{n}", interval,
                      str(row.get("unreliable", 0))))  # fmt: skip
     return rows
 
@@ -120,7 +123,7 @@ def markdown(state: State, plan: Plan, document: Mapping[str, Any], store: Basel
     if facts.get("detection"):
         detection = facts["detection"]
         lines += [f"## Detection ({detection.get('keyword')}, against its recorded baseline)", ""]
-        lines += [*table(("planted", "throughput", "gate failed", "95% interval", "unreliable"),
+        lines += [*table(("planted", "nominal change", "measured (median)", "gate failed", "95% interval", "unreliable"),
                          detection_rows(detection)), ""]  # fmt: skip
     if plan.not_here:
         lines += ["## Not recordable on this machine", "", *table(("scenario", "why"), list(plan.not_here.items())), ""]

@@ -1,0 +1,244 @@
+"""``python -m perfsuite bootstrap`` (issue 24): the plan and its order, the
+estimates the budget is judged by, the state that makes it resumable, and real
+cpu runs that record, calibrate, selftest, get killed and resume, and stop
+at a budget too small for everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FAKE_NVML
+
+from perfsuite.bootstrap.costs import DEFAULT_LAUNCH_S, Costs, CostsError
+from perfsuite.bootstrap.plan import Done, Settings, Target, make_plan, rounds
+from perfsuite.bootstrap.run import Budget, parse_duration
+from perfsuite.bootstrap.state import State, StepRecord
+from perfsuite.bootstrap.steps import judge, run_logged
+
+ROOT = Path(__file__).parents[1]
+H100 = "NVIDIA H100 80GB HBM3"
+#: Three cheap cpu microbenchmarks: two are ceilings (bf16 best shape, copy), one is not.
+CHEAP = "microbench and (vector_mul or device_copy or matmul_best_bf16)"
+
+
+def target(tid: str, group: str, kind: str = "train", ceiling: bool = False) -> Target:
+    return Target(tid, group, f"bench_tests/x.py::t[{tid}]", kind, 1, "", ceiling=ceiling)
+
+
+def test_durations_parse_and_bad_ones_say_what_to_give() -> None:
+    assert [parse_duration(x) for x in ("8m", "90s", "90", "1.5h", " 2m ")] == [480, 90, 90, 5400, 120]
+    for bad in ("", "0", "-3m", "8 minutes", "m"):
+        with pytest.raises(ValueError, match="give a positive duration such as 8m"):
+            parse_duration(bad)
+
+
+def test_budget_counts_down_on_its_clock() -> None:
+    now = [100.0]
+    budget = Budget(60, clock=lambda: now[0])
+    now[0] = 130.0
+    assert (budget.used(), budget.left()) == (30.0, 30.0)
+    now[0] = 200.0
+    assert budget.left() == 0.0
+
+
+def test_rounds_take_one_scenario_per_group_before_a_second_of_any() -> None:
+    ts = [target("a.1", "a"), target("a.2", "a"), target("b.1", "b"), target("c.1", "c"), target("c.2", "c")]
+    cost = {"a.1": 5.0, "a.2": 1.0, "b.1": 9.0, "c.1": 3.0, "c.2": 4.0}
+    assert [[t.id for t in r] for r in rounds(ts, cost)] == [["a.2", "c.1", "b.1"], ["a.1", "c.2"]]
+
+
+def test_the_plan_orders_steps_by_information_per_second() -> None:
+    ts = [
+        target("m.best", "m", "microbench", ceiling=True),
+        target("m.layer", "m", "microbench"),
+        target("t.amp", "t"),
+        target("t.fp32", "t"),
+    ]
+    launch = {"m.best": 10.0, "m.layer": 4.0, "t.amp": 20.0, "t.fp32": 30.0}
+    fixed = {"doctor": 1.0, "report": 2.0, "pytest": 3.0}
+    plan = make_plan(ts, {"x.y": "needs 8 GPUs"}, launch, fixed, Done(), Settings(repeats=3, levels=(0, 5), trials=2))
+    assert [s.key for s in plan.steps] == [
+        "doctor", "ceilings", "baseline:m.layer", "baseline:t.amp", "cv:m.layer", "selftest:m.layer", "cv:t.amp",
+        "baseline:t.fp32", "cv:m.best", "cv:t.fp32", "report",
+    ]  # fmt: skip
+    by_key = {s.key: s for s in plan.steps}
+    assert by_key["cv:t.amp"].estimate_s == 3 + 3 * 20  # one pytest start, three launches
+    assert by_key["selftest:m.layer"].launches == 6  # 2 levels x 2 trials, +50% for confirmation reruns
+    assert plan.not_here == {"x.y": "needs 8 GPUs"}
+    # What the baselines folder already holds is not redone.
+    resumed = make_plan(ts, {}, launch, fixed, Done(frozenset({"m.layer"}), frozenset({"m.layer"})), Settings())
+    assert not {"baseline:m.layer", "cv:m.layer"} & {s.key for s in resumed.steps}
+
+
+def test_estimates_come_from_the_scenario_then_its_group_then_its_kind_then_the_default(tmp_path: Path) -> None:
+    ts = [target("a.1", "a"), target("a.2", "a"), target("b.1", "b"), target("m.1", "m", "membw")]
+    costs = Costs("cpu")
+    costs.learn([{"id": "a.1", "status": "ok", "wall_s": 8.0}], launches=1, wall_s=11.0)
+    assert costs.launch(ts[0], ts) == 8.0 and costs.fixed("pytest") == 3.0  # 11 s step, 8 s launch
+    assert costs.launch(ts[1], ts) == 8.0  # its group's measured launches
+    assert costs.launch(ts[2], ts) == 8.0  # its kind's
+    assert costs.launch(ts[3], ts) == DEFAULT_LAUNCH_S["cpu"]["membw"]
+    costs.learn_at_least([ts[3]], 40.0)  # stopped after 40 s without reporting
+    assert costs.launch(ts[3], ts) == 40.0
+    path = tmp_path / "bootstrap-costs.json"
+    costs.save(path)
+    assert Costs.load(path, "cpu").launch_s == costs.launch_s
+    path.write_text("[1, 2]")
+    with pytest.raises(CostsError, match=f"{path}: not a bootstrap estimates table"):
+        Costs.load(path, "cpu")
+
+
+def test_state_survives_a_reload_and_refuses_another_profiles(tmp_path: Path) -> None:
+    state = State.load(tmp_path / "state.json", "cpu", redo=False)
+    state.record("doctor", StepRecord("done", 2.0))
+    state.record("ceilings", StepRecord("interrupted", 9.0))
+    again = State.load(tmp_path / "state.json", "cpu", redo=False)
+    assert again.finished("doctor") and not again.finished("ceilings")
+    assert not State.load(tmp_path / "state.json", "cpu", redo=True).steps
+    with pytest.raises(SystemExit, match="belongs to profile 'cpu', this is 'nvidia-h200-x1'"):
+        State.load(tmp_path / "state.json", "nvidia-h200-x1", redo=False)
+
+
+def test_a_steps_status_comes_from_each_scenarios_verdict(tmp_path: Path) -> None:
+    step = make_plan([target("a.1", "a")], {}, {"a.1": 1.0}, {"doctor": 1, "report": 1, "pytest": 1}, Done(),
+                     Settings()).steps[1]  # fmt: skip
+    log = tmp_path / "log"
+    log.write_text("Traceback ... ProtocolError: rank0.json")
+    result = {"id": "a.1", "message": "why"}
+    assert judge(step, [{**result, "verdict": "recorded"}], 0, log)[0] == "done"
+    assert judge(step, [{**result, "verdict": "skipped"}], 0, log)[0] == "skipped"
+    assert judge(step, [{**result, "verdict": "unreliable"}], 0, log)[0] == "unreliable"
+    assert judge(step, [{**result, "verdict": "error"}], 1, log)[0] == "failed"
+    status, message = judge(step, [], 1, log)
+    assert status == "failed" and "without results for a.1" in message and "ProtocolError" in message
+    assert judge(step, [], None, log)[0] == "interrupted"
+
+
+def test_a_step_at_the_budgets_end_is_stopped_with_its_whole_process_group(tmp_path: Path) -> None:
+    marker = tmp_path / "child.pid"
+    script = f"sleep 60 & echo $! > {marker}; wait"  # a grandchild, as pytest's agents and ranks are
+    start = time.monotonic()
+    assert run_logged(["bash", "-c", script], tmp_path / "log", timeout_s=1.0) is None
+    assert time.monotonic() - start < 10
+    child = int(marker.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+
+
+def dry_run(gpus: int, tmp_path: Path) -> str:
+    env = {**os.environ, "PYTHONPATH": f"{FAKE_NVML}{os.pathsep}{ROOT}", "FAKE_NVML_GPUS": ";".join([H100] * gpus)}
+    done = subprocess.run(
+        [sys.executable, "-m", "perfsuite", "bootstrap", "--dry-run", "--budget", "8m",
+         "--baselines", str(tmp_path / "none")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def target_line(plan: str, scenario: str) -> str:
+    return next(line for line in plan.splitlines() if line.strip().startswith(scenario + " "))
+
+
+def first_round(plan: str) -> list[str]:
+    keys = [line.split()[1] for line in plan.splitlines() if line[:3].strip().isdigit()]
+    baselines = [k.split(":")[1] for k in keys if k.startswith("baseline:")]
+    groups = [b.split(".")[0] for b in baselines]
+    return groups[: len(set(groups))]
+
+
+def test_the_plan_for_one_h100_records_the_seed_shapes_that_fit_one_gpu(tmp_path: Path) -> None:
+    plan = dry_run(1, tmp_path)
+    assert plan.startswith("profile nvidia-h100-80gb-hbm3-x1 (cuda), budget 8m00s")
+    assert "micro_batch=16 global_batch=16 seq_len=512" in target_line(plan, "mixed_precision.amp")
+    assert "1 rank(s)  gpt2 24x2048" in target_line(plan, "model_state_sharding.ddp_amp")
+    ceilings = {line.split()[0] for line in plan.splitlines() if line.endswith("[ceiling]")}
+    assert ceilings == {f"microbench.matmul_best_{d}" for d in ("tf32", "fp16", "bf16", "fp8")} | {
+        "microbench.device_copy"
+    }
+    assert "needs at least 2 GPUs" in target_line(plan, "model_state_sharding.zero1_amp")
+    groups = first_round(plan)
+    assert len(groups) == len(set(groups)) >= 5  # one scenario per group before a second of any
+    assert "-- the budget ends here (480 s)" in plan
+    assert plan.index("2 ceilings") < plan.index("the budget ends here")
+
+
+def test_the_plan_for_eight_h100s_runs_the_seed_world_sizes(tmp_path: Path) -> None:
+    plan = dry_run(8, tmp_path)
+    assert plan.startswith("profile nvidia-h100-80gb-hbm3-x8 (cuda)")
+    assert "4 rank(s)" in target_line(plan, "mixed_precision.amp")
+    assert "global_batch=64 seq_len=512" in target_line(plan, "mixed_precision.amp")
+    assert "8 rank(s)" in target_line(plan, "cluster_gpt.n1_tp8_pp1")
+    assert target_line(plan, "collectives.all_reduce_large").endswith("[ceiling]")
+    assert "needs 16 GPUs" in target_line(plan, "cluster_gpt.n2_tp8_pp1")
+    assert "collectives" in first_round(plan)
+
+
+def bootstrap(tmp_path: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "perfsuite", "bootstrap", "--perf-profile", "cpu", "-k", CHEAP,
+            "--out", str(tmp_path / "out"), "--baselines", str(tmp_path / "baselines"), *args]  # fmt: skip
+
+
+def finished_steps(tmp_path: Path) -> list[str]:
+    try:
+        steps = json.loads((tmp_path / "out" / "state.json").read_text())["steps"]
+    except (OSError, ValueError):
+        return []
+    return [k for k, r in steps.items() if r["status"] == "done"]
+
+
+@pytest.mark.timeout(400)
+def test_a_cpu_bootstrap_killed_halfway_resumes_and_completes(tmp_path: Path) -> None:
+    first = subprocess.Popen(bootstrap(tmp_path, "--budget", "5m"), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(finished_steps(tmp_path)) < 2 and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.2)
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=60)
+    done_before = finished_steps(tmp_path)
+    assert {"doctor", "ceilings"} <= set(done_before), first.stdout.read() if first.stdout else ""
+
+    start = time.monotonic()
+    second = subprocess.run(bootstrap(tmp_path, "--budget", "5m", "--levels", "0,50", "--trials", "1"), cwd=ROOT,
+                            capture_output=True, text=True, timeout=360, check=False)  # fmt: skip
+    out = second.stdout
+    assert second.returncode == 0, out + second.stderr[-3000:]
+    assert all(f"{key}: done in an earlier run" in out for key in done_before)
+    assert out.strip().splitlines()[-1].endswith("complete: everything this machine can record is recorded (exit 0)")
+    assert time.monotonic() - start < 300
+    entries = json.loads((tmp_path / "baselines" / "cpu" / "microbench.json").read_text())["scenarios"]
+    assert set(entries) == {"microbench.vector_mul", "microbench.device_copy", "microbench.matmul_best_bf16"}
+    for entry in entries.values():  # calibrated over 3 launches, never below the cpu floor (40%)
+        assert entry["calibration"]["repeats"] == 3
+        primary = next(k for k in entry["tolerances"] if k != "peak_mem_mib")
+        assert entry["tolerances"][primary] >= 0.4
+    report = (tmp_path / "out" / "bootstrap.md").read_text()
+    assert "## Detection (microbench." in report and "| 50% |" in report
+    assert {"results.json", "summary.md", "report.html", "doctor.txt"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    assert json.loads((tmp_path / "baselines" / "cpu" / "bootstrap-costs.json").read_text())["launch_s"]
+
+
+@pytest.mark.timeout(200)
+def test_a_budget_too_small_for_everything_exits_3_naming_what_is_missing(tmp_path: Path) -> None:
+    # Estimates far too optimistic (1 s a launch), so steps start that the budget
+    # cannot hold: the one running at its end is stopped there.
+    costs = Costs("cpu", fixed_s={"doctor": 1.0, "report": 1.0, "pytest": 1.0})
+    costs.launch_s = {f"microbench.{n}": 1.0 for n in ("vector_mul", "device_copy", "matmul_best_bf16")}
+    costs.save(tmp_path / "baselines" / "cpu" / "bootstrap-costs.json")
+    start = time.monotonic()
+    done = subprocess.run(bootstrap(tmp_path, "--budget", "20s"), cwd=ROOT, capture_output=True, text=True,
+                          timeout=180, check=False)  # fmt: skip
+    wall = time.monotonic() - start
+    last = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
+    assert "incomplete" in last and "run it again to resume" in last and "cv:" in last
+    # The budget covers all but the interpreter's start (~2 s here), report included.
+    assert wall < 20 * 1.1 + 3, wall
+    assert "| missing |" in (tmp_path / "out" / "bootstrap.md").read_text()
