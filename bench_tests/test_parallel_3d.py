@@ -29,7 +29,7 @@ the last; the relation takes the heaviest rank). Those offsets, exact parameter
 counts of the two shapes, are in the comments next to each tolerance.
 """
 
-from perfsuite import ModelSpec, Relation, Scenario, parametrize, parametrize_relations
+from perfsuite import ModelSpec, Relation, Scenario, chain, parametrize, parametrize_relations
 
 GPT_1_3B = ModelSpec("megatron_gpt", layers=24, hidden=2048, heads=32, vocab=50304, max_positions=1024)
 GPT_CPU = ModelSpec("megatron_gpt", layers=4, hidden=128, heads=4, vocab=512, max_positions=64)
@@ -120,6 +120,10 @@ MEGATRON_ROWS = [
 SCENARIOS = [*A3_ROWS, *SCHEDULES, *MEGATRON_ROWS]
 
 PARAMS = "model_state.params"
+A3_TRADE = {
+    "samples_per_s": "A3: tp 1/2/4 9.63 > 7.59 > 6.16, pp 1/2/4 9.63 > 8.46 > 8.03, tp2 pp 1/2 7.59 > 7.37 samples/s",
+    "peak_mem_mib": "A3: tp 1/2/4 25061 > 11300 > 5673, pp 1/2/4 25061 > 12375 > 8141, tp2 pp 1/2 11300 > 6211 MB",
+}
 RELATIONS = [
     # Heaviest rank / whole model minus the ideal, seed | cpu: +0.17% | +1.2%
     # (replicated LayerNorms, positions, row-parallel biases).
@@ -143,6 +147,14 @@ RELATIONS = [
         why="pp=4: a quarter of the layers per rank; the end stages add embeddings or the head",
     ),
     Relation("model_state_bytes_per_rank", TP2_PP2, "<", TP2_PP1, why="pp=2 on top of tp=2 halves each rank's layers"),
+    # A3: more tensor or pipeline parallelism trades throughput for memory. GPU
+    # profiles only: on cpu the tp rows measure gloo and DTensor overhead.
+    *(
+        relation
+        for metric in ("samples_per_s", "peak_mem_mib")
+        for axis in ([TP1_PP1, TP2_PP1, TP4_PP1], [TP1_PP1, TP1_PP2, TP1_PP4], [TP2_PP1, TP2_PP2])
+        for relation in chain(metric, ">", axis, only_on=("cuda",), why=A3_TRADE[metric])
+    ),
 ]
 
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,16 @@ def test_a_cache_folder_the_user_chose_is_kept(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     graph.pin_inductor_cache()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)
+
+
+def test_a_kernel_left_empty_by_a_killed_compile_is_swept_but_one_being_linked_is_not(tmp_path: Path) -> None:
+    dead, linking, good = (tmp_path / "ay" / f"{n}.main.so" for n in ("dead", "linking", "good"))
+    dead.parent.mkdir()
+    for path in (dead, linking):
+        path.touch()
+    good.write_bytes(b"\x7fELF")
+    old = time.time() - 3600
+    os.utime(dead, (old, old))
+    os.utime(good, (old, old))
+    assert graph.sweep_dead_kernels(tmp_path) == [dead]
+    assert not dead.exists() and linking.exists() and good.exists()

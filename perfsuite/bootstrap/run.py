@@ -142,6 +142,9 @@ def loop(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, c
         if state.finished(step.key):
             say(f"{number}/{len(work)} {step.key}: done in an earlier run")
             continue
+        if step.kind in ("cv", "selftest") and not {t.id for t in step.targets} <= recorded:
+            say(f"{number}/{len(work)} {step.key}: not started, its scenario has no baseline (see its baseline step)")
+            continue
         if budget.left() - reserve < step.estimate_s:
             say(f"{number}/{len(work)} {step.key}: not started, needs ~{step.estimate_s:.0f} s and "
                 f"{clock_text(budget.left())} are left (report reserved)")  # fmt: skip

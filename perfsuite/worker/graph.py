@@ -15,10 +15,12 @@ run that compiled during a measured step.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import shutil
 import statistics
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -81,6 +83,31 @@ def pin_inductor_cache() -> None:
     else:
         where = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "perfsuite" / "inductor"
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(where)
+    sweep_dead_kernels(where)
+
+
+#: An empty compiled kernel older than this is a dead build, not one being linked.
+DEAD_KERNEL_AGE_S = 60.0
+
+
+def sweep_dead_kernels(cache: Path, min_age_s: float = DEAD_KERNEL_AGE_S) -> list[Path]:
+    """Delete empty kernel libraries that a stopped run left in ``cache``; return them.
+
+    A compile killed while g++ links (a run stopped at its time limit, Ctrl-C,
+    a cancelled CI job) leaves a zero-byte ``.so`` under its final name, and
+    inductor then fails every later run on it ("file too short"): seen on this
+    VM after a bootstrap stopped a compile row at its budget's end. Only
+    empty files older than ``min_age_s`` go, so a kernel that another rank is
+    linking right now is left alone."""
+    now = time.time()
+    removed = []
+    for path in cache.rglob("*.so") if cache.is_dir() else ():
+        with contextlib.suppress(OSError):  # another rank swept it first
+            info = path.stat()
+            if info.st_size == 0 and now - info.st_mtime > min_age_s:
+                path.unlink()
+                removed.append(path)
+    return removed
 
 
 class CompileWatch:
