@@ -149,3 +149,17 @@ def test_a_full_disk_leaves_the_old_results_file_intact(tiny_disk: Path) -> None
     with pytest.raises(ResultsWriteError, match=r"cannot write the results file .*results\.json .*unchanged"):
         write_results(path, {"results": [{"id": "x" * 100_000}]})
     assert json.loads(path.read_text()) == {"results": []}
+
+
+def test_every_committed_baseline_and_estimates_file_loads() -> None:
+    """What sessions committed (cpu, GPU profiles, named environments) is valid,
+    so no scenario of a profile fails on a broken group file."""
+    from perfsuite.bootstrap.costs import FILENAME, Costs
+
+    root = Path(__file__).parents[1] / "baselines"
+    groups = [p for p in root.glob("*/*.json") if p.name != FILENAME]
+    assert {p.parent.name for p in groups} >= {"cpu", "nvidia-h200-x1"}
+    for path in groups:
+        assert load_group_file(path), f"{path} holds no scenario"
+    for path in root.glob(f"*/{FILENAME}"):
+        assert Costs.load(path, "cuda" if path.parent.name.startswith("nvidia-") else "cpu").launch_s
