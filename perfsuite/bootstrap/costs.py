@@ -24,18 +24,21 @@ from perfsuite.files import atomic_write_json
 
 SCHEMA_VERSION = 1
 FILENAME = "bootstrap-costs.json"
-#: Seconds of one launch by workload kind, before anything was measured. cpu:
-#: the 2-core VM's full gate (torchrun agent and forked ranks, tiny shapes).
-#: cuda: a guess for seed shapes on one node (fresh interpreters per rank,
-#: model build, warmup), replaced by the first measurement.
+#: Seconds of one launch by workload kind, before anything was measured here,
+#: rounded up from what was measured elsewhere. cpu: a 4-minute bootstrap on
+#: the 2-core VM (README, "A new GPU runner"; train 3.6-8.6 s, microbench
+#: 1.5-4.2, the gloo collective 2.5, a cold compile row 10.8). cuda: the first
+#: H200 run (docs/gpu-runs/2026-11-26-nvidia-h200-x1; seed shapes on one GPU:
+#: train 16-29 s, microbench 10-14, copy 7); collectives were not measured.
 DEFAULT_LAUNCH_S: Mapping[str, Mapping[str, float]] = {
-    "cpu": {"train": 12.0, "trainer": 15.0, "microbench": 6.0, "membw": 5.0, "collective": 6.0},
-    "cuda": {"train": 60.0, "trainer": 60.0, "microbench": 30.0, "membw": 20.0, "collective": 30.0},
+    "cpu": {"train": 8.0, "trainer": 8.0, "microbench": 4.0, "membw": 3.0, "collective": 4.0},
+    "cuda": {"train": 30.0, "trainer": 30.0, "microbench": 15.0, "membw": 10.0, "collective": 30.0},
 }
-#: Seconds of the fixed steps and of one pytest start, before anything was measured.
+#: Seconds of the fixed steps and of one pytest start, likewise (cpu 2.3 / 3.0 /
+#: 1.4 measured, H200 8.6 / 3.6 / 1.7).
 DEFAULT_FIXED_S: Mapping[str, Mapping[str, float]] = {
-    "cpu": {"doctor": 10.0, "report": 10.0, "pytest": 3.0},
-    "cuda": {"doctor": 20.0, "report": 20.0, "pytest": 6.0},
+    "cpu": {"doctor": 5.0, "report": 5.0, "pytest": 2.0},
+    "cuda": {"doctor": 15.0, "report": 10.0, "pytest": 3.0},
 }
 
 

@@ -24,7 +24,7 @@ def merged_results(state: State, out: Path) -> dict[str, Any]:
     """Every step's results file as one document: the latest result per scenario, the best ceiling per dtype."""
     doc: dict[str, Any] = {"machine": {}, "profile": state.profile, "results": [], "relations": [], "ceilings": {}}
     by_id: dict[str, Any] = {}
-    for key in state.steps:
+    for key in sorted(state.steps, key=lambda k: state.steps[k].finished_at):  # the latest run of a scenario wins
         path = out / "results" / f"{safe(key)}.json"
         if not path.exists():
             continue

@@ -166,6 +166,7 @@ def execute(step: Step, ctx: Context, timeout_s: float, fingerprint: dict[str, A
             plan: Plan, state: State, costs: Costs, recorded: set[str]) -> StepRecord:  # fmt: skip
     if step.kind == "doctor":
         record, state.facts["doctor"] = doctor_step(ctx, plan, fingerprint, profile)
+        record.estimate_s = step.estimate_s
         costs.learn_fixed("doctor", record.wall_s)
         return record
     if step.kind == "selftest":
