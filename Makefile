@@ -17,6 +17,8 @@ WHEEL_TORCH ?=
 # `make gpu-kit`: the folder it fills and the most it may weigh.
 KIT ?= .kit
 KIT_MAX_MIB ?= 40
+# What the target machine already has: the GPU image's pip freeze.
+KIT_IMAGE ?= scripts/gpu-image-constraints.txt
 WHEEL_VENV := build/wheel-venv
 OFFLINE := $(if $(WHEELHOUSE),--no-index --find-links $(abspath $(WHEELHOUSE)),)
 # Every pytest, agent and rank started here imports the same modules: with
@@ -61,10 +63,10 @@ $(WHEEL_VENV)/.pip:
 # the wheelhouse for its Python (WHEEL_PYTHON, 3.12 here) with the GPU engines'
 # extras, less what the image has. Copy KIT and the checkout to the machine,
 # then `make setup WHEELHOUSE=$(KIT) EXTRAS=deepspeed,fairscale,megatron` there.
-gpu-kit: WHEEL_PYTHON = 3.12
+gpu-kit: WHEEL_PYTHON ?= 3.12
 gpu-kit: $(WHEEL_VENV)/.pip
 	$(WHEEL_VENV)/bin/python scripts/wheelhouse.py "$(KIT)" --python $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) \
-		--extras deepspeed,fairscale,megatron --exclude-installed scripts/gpu-image-constraints.txt --max-mib $(KIT_MAX_MIB)
+		--extras deepspeed,fairscale,megatron --exclude-installed $(KIT_IMAGE) --max-mib $(KIT_MAX_MIB)
 
 # A machine's first run: perfsuite's own bootstrap command, in the set-up venv.
 bootstrap: setup

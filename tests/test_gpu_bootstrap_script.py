@@ -1,5 +1,5 @@
 """``scripts/gpu-bootstrap.sh`` end to end on this CPU machine (issue 24): a kit
-built for this machine's Python, installed into a temporary prefix with no
+built for this machine's Python and what its interpreter lacks, installed into a temporary prefix with no
 index, the bootstrap run within the script's budget, and what is worth
 keeping packed under ``$OUT``; the profile is detected as cpu. It builds a
 kit from the package index (~1 min) and bootstraps three scenarios, so it is
@@ -28,8 +28,13 @@ def test_the_gpu_script_bootstraps_a_cpu_machine_from_a_kit_within_its_budget(tm
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     kit, out = tmp_path / "kit", tmp_path / "out"
     local = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    build = subprocess.run(["make", "-C", str(clone), "gpu-kit", f"KIT={kit}", f"WHEEL_PYTHON={local}"],
-                           capture_output=True, text=True, check=False)  # fmt: skip
+    # This machine stands in for the image: its interpreter's packages are what the kit leaves out.
+    image = tmp_path / "image.txt"
+    freeze = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True,
+                            text=True, check=True).stdout  # fmt: skip
+    image.write_text(freeze)
+    build = subprocess.run(["make", "-C", str(clone), "gpu-kit", f"KIT={kit}", f"WHEEL_PYTHON={local}",
+                            f"KIT_IMAGE={image}"], capture_output=True, text=True, check=False)  # fmt: skip
     if build.returncode != 0 and any(e in build.stdout + build.stderr for e in NETWORK_ERRORS):
         pytest.skip(f"building the kit needs the package index, which is unreachable: {build.stderr[-300:]}")
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
