@@ -63,7 +63,7 @@ $(WHEEL_VENV)/.pip:
 # the wheelhouse for its Python (WHEEL_PYTHON, 3.12 here) with the GPU engines'
 # extras, less what the image has. Copy KIT and the checkout to the machine,
 # then `make setup WHEELHOUSE=$(KIT) EXTRAS=deepspeed,fairscale,megatron` there.
-gpu-kit: WHEEL_PYTHON ?= 3.12
+gpu-kit: WHEEL_PYTHON = 3.12
 gpu-kit: $(WHEEL_VENV)/.pip
 	$(WHEEL_VENV)/bin/python scripts/wheelhouse.py "$(KIT)" --python $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) \
 		--extras deepspeed,fairscale,megatron --exclude-installed $(KIT_IMAGE) --max-mib $(KIT_MAX_MIB)
