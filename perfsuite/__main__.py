@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from perfsuite.cliargs import at_least, duration, levels
 from perfsuite.exports import historycmd
 from perfsuite.files import atomic_write_json
 from perfsuite.htmlreport import cli as htmlreport_cli
@@ -45,12 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate = commands.add_parser("calibrate", help="measure repeatedly and write recommended tolerances")
     calibrate.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
     calibrate.add_argument("-k", dest="keyword", help="pytest -k expression selecting scenarios")
-    calibrate.add_argument("--repeats", type=int, default=10, help="fresh launches per scenario (default 10)")
+    calibrate.add_argument("--repeats", type=at_least(2), default=10, help="fresh launches per scenario (default 10)")
     selftest = commands.add_parser("selftest", help="measure the gate's detection and false-alarm rates")
     selftest.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
     selftest.add_argument("-k", dest="keyword", required=True, help="pytest -k expression (one scenario is best)")
-    selftest.add_argument("--levels", default="0,25,50,100", help="slowdowns in %% (default 0,25,50,100)")
-    selftest.add_argument("--trials", type=int, default=10, help="runs per level (default 10)")
+    selftest.add_argument("--levels", type=levels, default=(0.0, 25.0, 50.0, 100.0),
+                          help="slowdowns in %% (default 0,25,50,100)")  # fmt: skip
+    selftest.add_argument("--trials", type=at_least(1), default=10, help="runs per level (default 10)")
     selftest.add_argument("--json", type=Path, metavar="PATH", help="also write the table as JSON to PATH")
     selftest.add_argument(
         "--ab",
@@ -74,33 +76,29 @@ def add_bootstrap_parser(commands: Any) -> None:
         "bootstrap", help="make this runner's profile ready to judge within a time budget (resumable)"
     )
     boot.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
-    boot.add_argument("--budget", default="8m", help="wall-clock budget for everything, e.g. 8m, 90s (default 8m)")
+    boot.add_argument("--budget", type=duration, default=480.0,
+                      help="wall-clock budget for everything, e.g. 8m, 90s (default 8m)")  # fmt: skip
     boot.add_argument("--out", type=Path, default=Path("build/bootstrap"),
                       help="state, logs, results and reports (default build/bootstrap)")  # fmt: skip
     boot.add_argument("--baselines", type=Path, default=Path("baselines"),
                       help="baselines folder to fill (default baselines)")  # fmt: skip
     boot.add_argument("--perf-profile", dest="profile", help="profile (default: detected from this machine)")
     boot.add_argument("-k", dest="keyword", help="pytest -k expression limiting the scenarios")
-    boot.add_argument("--repeats", type=int, default=3, help="fresh launches per spread measurement (default 3)")
-    boot.add_argument("--levels", default="0,3,5,10", help="selftest slowdowns in %% (default 0,3,5,10)")
-    boot.add_argument("--trials", type=int, default=2, help="selftest trials per level (default 2)")
+    boot.add_argument("--repeats", type=at_least(2), default=3,
+                      help="fresh launches per spread measurement (default 3)")  # fmt: skip
+    boot.add_argument("--levels", type=levels, default=(0.0, 3.0, 5.0, 10.0),
+                      help="selftest slowdowns in %% (default 0,3,5,10)")  # fmt: skip
+    boot.add_argument("--trials", type=at_least(1), default=2, help="selftest trials per level (default 2)")
     boot.add_argument("--redo", action="store_true", help="start over: ignore earlier state and baselines")
     boot.add_argument("--dry-run", action="store_true", help="print the plan and estimates; launch nothing")
 
 
 def bootstrap(ns: argparse.Namespace, extra: list[str]) -> int:
     from perfsuite.bootstrap.plan import Settings
-    from perfsuite.bootstrap.run import Options, parse_duration, run
+    from perfsuite.bootstrap.run import Options, run
 
-    try:
-        budget = parse_duration(ns.budget)
-        levels = tuple(float(x) for x in ns.levels.split(","))
-    except ValueError as exc:
-        raise SystemExit(f"perfsuite bootstrap: {exc}") from None
-    if ns.repeats < 2 or ns.trials < 1:
-        raise SystemExit("perfsuite bootstrap: --repeats must be >= 2 (a spread) and --trials >= 1")
-    settings = Settings(repeats=ns.repeats, levels=levels, trials=ns.trials)
-    options = Options(budget, ns.out.resolve(), ns.baselines.resolve(), tuple(ns.paths), ns.keyword, ns.profile,
+    settings = Settings(repeats=ns.repeats, levels=ns.levels, trials=ns.trials)
+    options = Options(ns.budget, ns.out.resolve(), ns.baselines.resolve(), tuple(ns.paths), ns.keyword, ns.profile,
                       settings, ns.redo, ns.dry_run, tuple(extra))  # fmt: skip
     return run(options)
 
@@ -118,11 +116,10 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
     """Each trial is a fresh pytest process, as a CI job would be. A trial's
     outcome is read from its results file, so a scenario that did not run
     (skipped here) stops the self-test instead of counting as "not caught"."""
-    levels = [float(x) for x in ns.levels.split(",")]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="perfsuite-selftest-") as tmp:
         out = Path(tmp) / "results.json"
-        for level in levels:
+        for level in ns.levels:
             caught = unreliable = 0
             changes: list[float] = []
             for _ in range(ns.trials):
@@ -179,8 +176,15 @@ def ab_verdicts(path: Path, cmd: list[str], code: int) -> list[str]:
     return [r["verdict"] for r in compared]
 
 
+#: Commands whose unknown arguments go on to pytest (which refuses what it does not know).
+PYTEST_PASS_THROUGH = ("calibrate", "selftest", "bootstrap")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ns, extra = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    ns, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if extra and ns.command not in PYTEST_PASS_THROUGH:
+        parser.error(f"{ns.command}: unrecognized arguments: {' '.join(extra)}")
     if ns.command == "selftest":
         return selftest(ns, extra)
     if ns.command == "bootstrap":

@@ -209,6 +209,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--perf-launcher") == "local" and config.getoption("--perf-nnodes") > 1:
         raise pytest.UsageError("--perf-nnodes > 1 needs --perf-launcher=torchrun or slurm")
     _check_endpoint(config)
+    _check_baselines(config)
     if config.getoption("--perf-calibrate") and config.getoption("--perf-repeats") < 2:
         raise pytest.UsageError("--perf-calibrate needs --perf-repeats N with N >= 2 to see the spread")
     maxbatch.check_options(config)
@@ -217,6 +218,19 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--perf-profile"):
         _profile(config)  # fail fast on an unknown profile name
     config.stash[LAUNCHER_KEY] = _launcher(config)  # e.g. slurm outside an allocation
+
+
+def _check_baselines(config: pytest.Config) -> None:
+    """A ``--perf-baselines`` folder that does not exist is a typo unless this run records into it:
+    judged against nothing, every scenario would skip as no_baseline."""
+    given = config.getoption("--perf-baselines")
+    records = config.getoption("--perf-update-baselines") or config.getoption("--perf-calibrate")
+    reads = not (config.getoption(abtest.FLAG) or config.getoption(maxbatch.FLAG))
+    if given and reads and not records and not Path(given).is_dir():
+        raise pytest.UsageError(
+            f"--perf-baselines {given}: no such folder. Give the folder that holds <profile>/<group>.json "
+            "(default <rootdir>/baselines), or record into it with --perf-update-baselines"
+        )
 
 
 def _check_endpoint(config: pytest.Config) -> None:

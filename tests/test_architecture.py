@@ -54,6 +54,7 @@ PYTEST_SIDE = (
     "perfsuite.exports",
     "perfsuite.htmlreport",
     "perfsuite.bootstrap",
+    "perfsuite.cliargs",
 )
 Graph = Mapping[str, set[str]]
 

@@ -18,7 +18,8 @@ from conftest import FAKE_NVML
 
 from perfsuite.bootstrap.costs import DEFAULT_LAUNCH_S, Costs, CostsError
 from perfsuite.bootstrap.plan import Done, Settings, Target, make_plan, rounds
-from perfsuite.bootstrap.run import Budget, parse_duration
+from perfsuite.bootstrap.run import Budget
+from perfsuite.cliargs import parse_duration
 from perfsuite.bootstrap.state import State, StepRecord
 from perfsuite.bootstrap.steps import judge, run_logged
 

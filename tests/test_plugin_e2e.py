@@ -203,6 +203,7 @@ def test_bad_scenario_fails_collection_naming_the_field(pytester: pytest.Pyteste
         ("--perf-profile=warp-drive", "*unknown profile 'warp-drive' for --perf-profile*"),
         ("--perf-timeout=-3", "*--perf-timeout must be a positive number*"),
         ("--perf-rdzv-endpoint=127.0.0.1:29400", "*--perf-rdzv-endpoint only applies with --perf-launcher=torchrun*"),
+        ("--perf-baselines=/nonexistent/dir", "*--perf-baselines /nonexistent/dir: no such folder*"),
     ],
 )
 def test_bad_flag_is_a_usage_error(pytester: pytest.Pytester, flag: str, message: str) -> None:
@@ -210,6 +211,13 @@ def test_bad_flag_is_a_usage_error(pytester: pytest.Pytester, flag: str, message
     result = run(pytester, flag)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+def test_a_missing_baselines_folder_is_fine_when_recording_into_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_bench=bench_module(ONE))
+    result = run(pytester, f"--perf-baselines={pytester.path / 'new'}", "--perf-update-baselines")
+    result.assert_outcomes(passed=1)
+    assert (pytester.path / "new" / "cpu" / "tiny.json").is_file()
 
 
 def test_hooks_choose_profile_and_add_metrics(project: pytest.Pytester) -> None:

@@ -7,7 +7,6 @@ resumable: run it again); 1 when a step failed. The last line says which.
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,16 +23,6 @@ from perfsuite.bootstrap.steps import Context, doctor_step, pytest_step, selftes
 from perfsuite.profiles import HardwareProfile
 
 EXIT_COMPLETE, EXIT_FAILED, EXIT_INCOMPLETE = 0, 1, 3
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(s|m|h)?\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, None: 1}
-
-
-def parse_duration(text: str) -> float:
-    """``8m``, ``90s``, ``90`` (seconds) or ``1.5h`` in seconds; a clear error otherwise."""
-    found = _DURATION.match(text)
-    if not found or float(found[1]) <= 0:
-        raise ValueError(f"--budget {text!r}: give a positive duration such as 8m, 90s or 1.5h")
-    return float(found[1]) * _UNIT_S[found[2]]
 
 
 class Budget:

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from perfsuite.cliargs import probability
 from perfsuite.exports.history import MIN_SEGMENT, HistoryError, HistoryRun, Point, change_points, load, series
 
 
@@ -20,7 +21,9 @@ def add_parser(commands: Any) -> None:
     history.add_argument("--profile", help="only this profile's runs (default: every profile in DIR)")
     history.add_argument("-k", dest="keyword", help="only scenarios whose id contains this text")
     history.add_argument("--metric", default="samples_per_s", help="metric to follow (default samples_per_s)")
-    history.add_argument("--max-p", type=float, default=0.01, help="significance a change point needs (default 0.01)")
+    history.add_argument(
+        "--max-p", type=probability, default=0.01, help="significance a change point needs (default 0.01)"
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
