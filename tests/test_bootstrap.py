@@ -19,9 +19,9 @@ from conftest import FAKE_NVML
 from perfsuite.bootstrap.costs import DEFAULT_LAUNCH_S, Costs, CostsError
 from perfsuite.bootstrap.plan import Done, Settings, Target, make_plan, rounds
 from perfsuite.bootstrap.run import Budget
-from perfsuite.cliargs import parse_duration
 from perfsuite.bootstrap.state import State, StepRecord
 from perfsuite.bootstrap.steps import judge, run_logged
+from perfsuite.cliargs import parse_duration
 
 ROOT = Path(__file__).parents[1]
 H100 = "NVIDIA H100 80GB HBM3"
