@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("-k", dest="keyword", help="pytest -k expression selecting scenarios")
     doctor.add_argument("--engines", help="comma-separated engines to check (default: all)")
     doctor.add_argument("--no-smoke", action="store_true", help="skip the smoke runs (import checks only)")
+    doctor.add_argument("--perf-profile", dest="profile", help="profile (default: detected from this machine)")
     add_bootstrap_parser(commands)
     historycmd.add_parser(commands)  # history DIR: a metric over commits and its change points
     htmlreport_cli.add_parsers(commands)  # report, summary: a results file as a page or a table
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         from perfsuite.doctor import run
 
         engines = ns.engines.split(",") if ns.engines else None
-        return run(ns.paths, ns.keyword, engines, run_smoke=not ns.no_smoke)
+        return run(ns.paths, ns.keyword, engines, run_smoke=not ns.no_smoke, profile_name=ns.profile)
     import pytest
 
     return int(pytest.main(calibrate_args(ns, extra)))

@@ -33,7 +33,7 @@ from perfsuite.fingerprint import machine_fingerprint
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.torchrun import LocalTorchrun
 from perfsuite.models import ModelSpec
-from perfsuite.profiles import HardwareProfile, ProfileRegistry, profile_for
+from perfsuite.profiles import HardwareProfile, ProfileError, ProfileRegistry, profile_for
 from perfsuite.protocol import RankJob
 from perfsuite.session import fit_to_hardware, launch_precondition
 from perfsuite.workloads import BaseScenario, Precision, Scenario, ScenarioError
@@ -176,9 +176,19 @@ def describe_machine(fingerprint: dict[str, Any], profile: HardwareProfile) -> l
     return lines
 
 
-def run(paths: Sequence[str], keyword: str | None, engine_names: Sequence[str] | None, run_smoke: bool) -> int:
+def run(
+    paths: Sequence[str],
+    keyword: str | None,
+    engine_names: Sequence[str] | None,
+    run_smoke: bool,
+    profile_name: str | None = None,
+) -> int:
     fingerprint = machine_fingerprint()
-    profile = ProfileRegistry().get(profile_for(fingerprint), fingerprint)
+    try:
+        profile = ProfileRegistry().get(profile_name or profile_for(fingerprint), fingerprint)
+    except ProfileError as exc:
+        print(f"perfsuite doctor: {exc}", file=sys.stderr)
+        return 2
     gpus = int(fingerprint.get("gpu_count", 0))
     print("\n".join(describe_machine(fingerprint, profile)), flush=True)
 

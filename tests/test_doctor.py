@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAKE_NVML
+from conftest import CPU_PROFILE, FAKE_NVML
 
 from perfsuite import doctor
 from perfsuite.engines import EngineSpec
@@ -17,7 +17,7 @@ BENCH = str(Path(__file__).parents[1] / "bench_tests")
 
 
 def test_doctor_reports_engines_and_scenarios_without_smoke_runs(pytester: pytest.Pytester) -> None:
-    result = pytester.run(sys.executable, "-m", "perfsuite", "doctor", BENCH, "--no-smoke")
+    result = pytester.run(sys.executable, "-m", "perfsuite", "doctor", BENCH, "--no-smoke", CPU_PROFILE)
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
@@ -35,9 +35,20 @@ def test_doctor_reports_engines_and_scenarios_without_smoke_runs(pytester: pytes
 
 
 def test_doctor_smoke_runs_an_engine_through_torchrun(pytester: pytest.Pytester) -> None:
-    result = pytester.run(sys.executable, "-m", "perfsuite", "doctor", BENCH, "--engines", "ddp", "-k", "mixed")
+    result = pytester.run(
+        sys.executable, "-m", "perfsuite", "doctor", BENCH, "--engines", "ddp", "-k", "mixed", CPU_PROFILE
+    )
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["  ddp * imports; smoke ok (*s)", "result: OK"])
+
+
+def test_the_cpu_pin_wins_over_the_gpus_present(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a GPU runner's `make test` does: the self-tests judge cpu behaviour, whatever NVML shows.
+    monkeypatch.setenv("PYTHONPATH", str(FAKE_NVML))
+    monkeypatch.setenv("FAKE_NVML_GPUS", ";".join(["NVIDIA H100 80GB HBM3"] * 8))
+    result = pytester.run(sys.executable, "-m", "perfsuite", "doctor", BENCH, "--no-smoke", "-k", "mixed", CPU_PROFILE)
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["GPUs: 8: *", "profile: cpu (device cpu)", "  mixed_precision.amp * run on 2 rank(s)"])
 
 
 FAULTS = """
