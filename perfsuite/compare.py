@@ -107,7 +107,7 @@ def judge_outcome(status: str, expected: str, baseline: BaselineEntry | None) ->
         return Judgement(
             "unexpected_oom",
             "ran out of memory where it was expected to fit; if the new footprint is "
-            "intended, record it with --perf-update-baselines",
+            "intended, record the OOM as expected with --perf-update-baselines --perf-accept-oom ID",
         )
     if expected == "oom":
         return Judgement(

@@ -100,6 +100,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="record the measured outcome of every scenario that runs as its new "
         "baseline (keeps hand-set tolerances and notes)",
     )
+    group.addoption(
+        "--perf-accept-oom",
+        metavar="ID",
+        action="append",
+        default=[],
+        help="with --perf-update-baselines: record this scenario's out-of-memory as expected "
+        "(repeatable); an OOM nothing expected is never recorded otherwise",
+    )
     group.addoption("--perf-json", metavar="PATH", help="write the results file to PATH")
     group.addoption(
         "--perf-timeout",
@@ -210,6 +218,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--perf-nnodes > 1 needs --perf-launcher=torchrun or slurm")
     _check_endpoint(config)
     _check_baselines(config)
+    if config.getoption("--perf-accept-oom") and not (
+        config.getoption("--perf-update-baselines") or config.getoption("--perf-calibrate")
+    ):
+        raise pytest.UsageError("--perf-accept-oom records a baseline: use it with --perf-update-baselines")
     if config.getoption("--perf-calibrate") and config.getoption("--perf-repeats") < 2:
         raise pytest.UsageError("--perf-calibrate needs --perf-repeats N with N >= 2 to see the spread")
     maxbatch.check_options(config)
@@ -398,6 +410,7 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             confirm=config.getoption("--perf-confirm"),
             slowdown_pct=config.getoption("--perf-inject-slowdown"),
             calibrate=config.getoption("--perf-calibrate"),
+            accept_oom=frozenset(config.getoption("--perf-accept-oom")),
             envs=envs,
             device_wait_s=config.getoption("--perf-device-wait"),
         )

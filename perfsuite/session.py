@@ -9,11 +9,14 @@ relation check and the scenario's own test share a single measurement.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import math
+import os
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +67,7 @@ class RunSettings:
     confirm: int = 1  # extra measurements an apparent regression must survive
     slowdown_pct: float = 0.0  # planted extra work per step (gate self-test)
     calibrate: bool = False  # write recommended tolerances into the baselines
+    accept_oom: frozenset[str] = frozenset()  # scenario ids whose OOM may be recorded as expected
     envs: Mapping[str, PythonEnv] = field(default_factory=lambda: parse_envs([]))  # named interpreters
     device_wait_s: float = 600.0  # how long a launch waits for GPUs another run holds
 
@@ -283,8 +287,23 @@ class PerfSession:
         distrusted = measurement.metrics is not None and bool(untrustworthy(measurement.metrics))
         recordable = measurement.status in ("ok", "oom") and not distrusted
         if (self.settings.update_baselines or self.settings.calibrate) and recordable:
-            result.judgement = self._record(scenario, result)
+            result.judgement = self._refused_oom(scenario, result) or self._record(scenario, result)
         return result
+
+    def _refused_oom(self, scenario: BaseScenario, result: ScenarioResult) -> Judgement | None:
+        """An OOM that neither the scenario nor its stored baseline expects is not recorded,
+        unless ``--perf-accept-oom`` names it: recorded silently, the gate would pass that OOM from then on."""
+        if result.status != "oom" or scenario.id in self.settings.accept_oom:
+            return None
+        stored = result.baseline is not None and result.baseline.expected == "oom"
+        if stored or scenario.expected_outcome(self.profile.variant_keys) == "oom":
+            return None
+        return Judgement(
+            "unexpected_oom",
+            "ran out of memory where it should fit, so no baseline was recorded (the stored one is unchanged). "
+            f"If the new footprint is intended, record the OOM as expected: --perf-update-baselines "
+            f"--perf-accept-oom {scenario.id}",
+        )
 
     def _precondition(self, scenario: BaseScenario, env: str | None = None) -> str:
         env = env or self.env_of(scenario)
@@ -437,6 +456,8 @@ class PerfSession:
         metrics: dict[str, Any] = {}
         tolerances: dict[str, float] | None = None
         extra: dict[str, Any] = {}
+        if result.status == "oom" and scenario.id in self.settings.accept_oom:
+            extra["oom_accepted"] = {"by": _who(), "at": _now(), "via": "--perf-accept-oom"}
         if result.metrics is not None:
             metrics = baseline_metrics(result.metrics)
             if self.settings.calibrate:
@@ -638,6 +659,20 @@ def calibrated_tolerances(
 
 
 __all__ = ["BaselineError", "PerfSession", "RunSettings", "ScenarioResult"]
+
+
+def _who() -> str:
+    """Who accepted something into a baseline: the login, and the CI job where there is one."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
+        user = f"uid {os.getuid()}"
+    job = os.environ.get("GITHUB_RUN_ID") or os.environ.get("CI_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    return f"{user} (job {job})" if job else user
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
 
 def _say(message: str) -> None:

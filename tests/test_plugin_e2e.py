@@ -107,6 +107,27 @@ def test_expected_oom_passes_and_unexpected_outcomes_fail(project: pytest.Pytest
     result.stdout.fnmatch_lines(["mem.big-expected*oom*expected_oom*", "mem.big-unexpected*oom*unexpected_oom*"])
 
 
+def test_an_unexpected_oom_is_never_recorded_silently(project: pytest.Pytester) -> None:
+    project.makeconftest(OOM_CONFTEST)
+    project.makepyfile(test_bench=bench_module(f'Scenario("mem", "big", {BIG}, {TINY_SHAPE}),'))
+    path = project.path / "baselines" / "cpu-256m" / "mem.json"
+    path.parent.mkdir(parents=True)
+    kept = '{"schema_version": 1, "profile": "cpu-256m", "group": "mem", "scenarios": {}}\n'
+    path.write_text(kept)
+    refused = run(project, "--perf-profile=cpu-256m", "--perf-update-baselines")
+    refused.assert_outcomes(failed=1)
+    refused.stdout.fnmatch_lines(["*mem.big: unexpected_oom: *no baseline was recorded*--perf-accept-oom mem.big*"])
+    assert path.read_text() == kept
+    accepted = run(project, "--perf-profile=cpu-256m", "--perf-update-baselines", "--perf-accept-oom", "mem.big")
+    accepted.assert_outcomes(passed=1)
+    entry = json.loads(path.read_text())["scenarios"]["mem.big"]
+    assert entry["expected"] == "oom" and entry["oom_accepted"]["via"] == "--perf-accept-oom"
+    assert entry["oom_accepted"]["by"] and entry["oom_accepted"]["at"]
+    run(project, "--perf-profile=cpu-256m").assert_outcomes(passed=1)  # now an expected OOM
+    usage = run(project, "--perf-profile=cpu-256m", "--perf-accept-oom", "mem.big")
+    assert usage.ret == pytest.ExitCode.USAGE_ERROR
+
+
 FAULTS = """
 import os, sys, threading, time
 from perfsuite.strategies.ddp import DDPStrategy
