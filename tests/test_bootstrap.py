@@ -116,6 +116,7 @@ def test_a_steps_status_comes_from_each_scenarios_verdict(tmp_path: Path) -> Non
     assert judge(step, [{**result, "verdict": "recorded"}], 0, log)[0] == "done"
     assert judge(step, [{**result, "verdict": "skipped"}], 0, log)[0] == "skipped"
     assert judge(step, [{**result, "verdict": "unreliable"}], 0, log)[0] == "unreliable"
+    assert judge(step, [{**result, "verdict": "unexpected_oom"}], 1, log) == ("skipped", "a.1: why")
     assert judge(step, [{**result, "verdict": "error"}], 1, log)[0] == "failed"
     status, message = judge(step, [], 1, log)
     assert status == "failed" and "without results for a.1" in message and "ProtocolError" in message
