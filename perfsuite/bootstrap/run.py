@@ -93,7 +93,7 @@ def _machine(options: Options) -> tuple[dict[str, Any], HardwareProfile, list[An
 def build_plan(options: Options, fingerprint: dict[str, Any], profile: HardwareProfile,
                scenarios: Sequence[Any], costs: Costs, store: BaselineStore) -> Plan:  # fmt: skip
     targets, not_here = targets_for(scenarios, profile, fingerprint)
-    done = Done() if options.redo else done_in(store, targets)
+    done = Done() if options.redo else done_in(store, targets, options.settings.repeats)
     launch_s, fixed_s = costs.table(targets)
     return make_plan(targets, not_here, launch_s, fixed_s, done, options.settings)
 
@@ -125,7 +125,7 @@ def loop(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, c
          fingerprint: dict[str, Any], profile: HardwareProfile, store: Stores) -> bool:  # fmt: skip
     """Run the steps before the report; True when the budget stopped it."""
     reserve = next(s.estimate_s for s in plan.steps if s.kind == "report")
-    recorded = set(done_in(store(), list(plan.targets)).baselines)
+    recorded = set(done_in(store(), list(plan.targets), 1).baselines)
     work = [s for s in plan.steps if s.kind != "report"]
     for number, step in enumerate(work, 1):
         if state.finished(step.key):
@@ -141,7 +141,7 @@ def loop(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, c
         record = execute(step, ctx, budget.left() - reserve, fingerprint, profile, plan, state, costs, recorded)
         state.record(step.key, record)
         costs.save(costs_path)
-        recorded = set(done_in(store(), list(plan.targets)).baselines)
+        recorded = set(done_in(store(), list(plan.targets), 1).baselines)
         say(
             f"{number}/{len(work)} {step.key}: {record.status} in {record.wall_s:.1f} s (est {step.estimate_s:.0f})"
             f" | used {clock_text(budget.used())}, left {clock_text(budget.left())} | {record.message[:160]}"

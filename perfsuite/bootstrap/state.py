@@ -23,8 +23,6 @@ from perfsuite.files import atomic_write_json
 Status = Literal["done", "skipped", "failed", "unreliable", "interrupted", "missing"]
 #: Statuses a resumed run does not redo.
 FINISHED: tuple[Status, ...] = ("done", "skipped")
-#: A calibration over fewer launches than this is redone.
-MIN_CV_REPEATS = 3
 
 
 @dataclass
@@ -75,8 +73,8 @@ class State:
         atomic_write_json(self.path, doc)
 
 
-def done_in(store: BaselineStore, targets: list[Target]) -> Done:
-    """Targets that already have a baseline, and those calibrated over enough launches."""
+def done_in(store: BaselineStore, targets: list[Target], repeats: int) -> Done:
+    """Targets that already have a baseline, and those calibrated over at least ``repeats`` launches."""
     baselines, calibrated = set(), set()
     for target in targets:
         try:
@@ -87,6 +85,6 @@ def done_in(store: BaselineStore, targets: list[Target]) -> Done:
             continue
         baselines.add(target.id)
         calibration = entry.extra.get("calibration") or {}
-        if int(calibration.get("repeats", 0)) >= MIN_CV_REPEATS:
+        if int(calibration.get("repeats", 0)) >= repeats:
             calibrated.add(target.id)
     return Done(frozenset(baselines), frozenset(calibrated))
