@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "history":
         return historycmd.run(ns)
     if ns.command in htmlreport_cli.COMMANDS:
-        return htmlreport_cli.run(ns, extra)
+        return htmlreport_cli.run(ns)
     if ns.command == "doctor":
         from perfsuite.doctor import run
 

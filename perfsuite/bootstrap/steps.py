@@ -21,7 +21,7 @@ from typing import Any
 
 from perfsuite.bootstrap.plan import Plan, Step
 from perfsuite.bootstrap.probe import idle_readings
-from perfsuite.bootstrap.state import StepRecord
+from perfsuite.bootstrap.state import Status, StepRecord
 from perfsuite.files import atomic_write_json, atomic_write_text
 
 #: Verdicts of a scenario that leave its step done.
@@ -102,7 +102,7 @@ def read_results(path: Path) -> list[dict[str, Any]]:
         return []
 
 
-def judge(step: Step, results: Sequence[Mapping[str, Any]], code: int | None, log: Path) -> tuple[str, str]:
+def judge(step: Step, results: Sequence[Mapping[str, Any]], code: int | None, log: Path) -> tuple[Status, str]:
     """(status, message) of a pytest step from what its results file says of each target."""
     if code is None:
         return "interrupted", "stopped at the budget's end; rerun to resume"
@@ -117,7 +117,8 @@ def judge(step: Step, results: Sequence[Mapping[str, Any]], code: int | None, lo
     bad = {i: v for i, v in verdicts.items() if v not in GOOD and v != "skipped"}
     if bad:
         why = "; ".join(f"{i}: {v}: {by_id[i].get('message', '')[:300]}" for i, v in bad.items())
-        return ("unreliable" if set(bad.values()) == {"unreliable"} else "failed"), why
+        status: Status = "unreliable" if set(bad.values()) == {"unreliable"} else "failed"
+        return status, why
     if all(v == "skipped" for v in verdicts.values()):
         return "skipped", "; ".join(f"{i}: {by_id[i].get('message', '')}" for i in verdicts)
     return "done", ", ".join(f"{i}: {v}" for i, v in verdicts.items())
@@ -138,7 +139,7 @@ def pytest_step(step: Step, ctx: Context, timeout_s: float, done: frozenset[str]
     code = run_logged(ctx.pytest(nodeids, results_path, *flags), log, timeout_s)
     results = read_results(results_path)
     status, message = judge(step, results, code, log)
-    return StepRecord(status, time.monotonic() - start, step.estimate_s, message), results  # type: ignore[arg-type]
+    return StepRecord(status, time.monotonic() - start, step.estimate_s, message), results
 
 
 def selftest_step(step: Step, ctx: Context, timeout_s: float) -> tuple[StepRecord, dict[str, Any]]:

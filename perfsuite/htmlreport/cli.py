@@ -28,10 +28,9 @@ def add_parsers(commands: Any) -> None:
     table.add_argument("--markdown", action="store_true", help="as markdown, e.g. >> $GITHUB_STEP_SUMMARY")
 
 
-def run(ns: argparse.Namespace, extra: list[str]) -> int:
-    """Exit 0 when written, 2 for bad input (a one-line message naming it)."""
-    if extra:
-        return _fail(ns.command, f"unexpected arguments {' '.join(extra)}")
+def run(ns: argparse.Namespace) -> int:
+    """Exit 0 when written, 2 for bad input (a one-line message naming it); unknown
+    arguments never reach here (``perfsuite.__main__`` refuses them)."""
     try:
         document = load_results(ns.results)
     except ReportInputError as exc:
