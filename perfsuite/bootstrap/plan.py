@@ -35,6 +35,11 @@ SLOW_CEILING_DTYPES = ("fp32",)
 #: Workload kinds whose ranks take a planted slowdown (the selftest's lever:
 #: the measured loop, and the Trainer's step callback).
 SELFTEST_KINDS = ("train", "microbench", "membw", "trainer")
+#: A step starts only when its estimate times this fits in the time left. An
+#: estimate is a mean of earlier launches, and a step stopped at the budget's
+#: end loses all its time: the first H100 run started a selftest estimated at
+#: 123 s with 136 s left, and it was stopped after 126 s (it took 141 s later).
+START_MARGIN = 1.2
 #: Shape fields worth showing in a plan line, in this order.
 SHAPE_FIELDS = ("strategy", "precision", "micro_batch", "global_batch", "seq_len", "op", "dtype", "shape", "size_bytes")
 
@@ -108,18 +113,28 @@ class Plan:
                 "not_here": dict(self.not_here)}  # fmt: skip
 
     def lines(self, budget_s: float) -> list[str]:
-        """The plan for people: each step with its estimate, where ``budget_s`` ends, then what does not fit here."""
-        found, total = [], 0.0
-        report = sum(s.estimate_s for s in self.steps if s.kind == "report")
+        """The plan for people: each step with its estimate and whether ``budget_s`` holds it, then the targets."""
+        found, total, ended = [], 0.0, False
+        left = budget_s - sum(s.estimate_s for s in self.steps if s.kind == "report")
         for n, step in enumerate(self.steps, 1):
-            if step.kind != "report" and total + step.estimate_s + report > budget_s >= total + report:
-                found.append(f"    -- the budget ends here ({budget_s:.0f} s): the steps below wait for a rerun")
+            waits = step.kind != "report" and not fits(step, left)
+            if waits and not ended:
+                ended = True
+                found.append(f"    -- the budget ends here ({budget_s:.0f} s): the steps marked 'waits' wait for a "
+                             "rerun; a later one that fits runs first")  # fmt: skip
             total += step.estimate_s
+            left -= 0.0 if waits else step.estimate_s
             times = f"  x{step.launches}" if step.launches > 1 else ""
-            found.append(f"{n:>3} {step.key:<52} ~{step.estimate_s:5.0f} s  (total {total:5.0f} s){times}")
+            mark = "  waits" if waits else ""
+            found.append(f"{n:>3} {step.key:<52} ~{step.estimate_s:5.0f} s  (total {total:5.0f} s){times}{mark}")
         found += ["targets:", *(f"  {t.id:<48} {t.world_size} rank(s)  {t.shape}" + ("  [ceiling]" if t.ceiling else "")
                                 for t in self.targets)]  # fmt: skip
         return [*found, "not here:", *(f"  {i:<48} {why}" for i, why in self.not_here.items())]
+
+
+def fits(step: Step, left_s: float) -> bool:
+    """Whether ``step`` may start with ``left_s`` seconds left: its estimate with the start margin."""
+    return step.estimate_s * START_MARGIN <= left_s
 
 
 def shape_of(config: Mapping[str, Any]) -> str:
