@@ -12,7 +12,7 @@ import pytest
 from conftest import CPU_PROFILE, FAKE_NVML, JUDGE_UNDER_CONTENTION, TINY_SHAPE, bench_module, leftover_workers
 
 # A 3-step run of a tiny model swings widely in throughput on a busy 2-core
-# machine; the tolerance is loose so only a planted 10x drop must fail.
+# machine; the tolerance is loose so only a planted 100x drop must fail.
 ONE = f'Scenario("tiny", "fp32", TINY, {TINY_SHAPE}, tolerances={{"samples_per_s": 0.8}}),'
 
 
@@ -47,7 +47,9 @@ def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester)
     rerun.stdout.re_match_lines([r".*perfsuite summary \(profile cpu\).*", r"tiny\.fp32\s+ok.*(pass|improved)$"])
 
     doc = json.loads(recorded)
-    doc["scenarios"]["tiny.fp32"]["metrics"]["samples_per_s"]["mean"] *= 10
+    # 100x, not 10x: with the 80% tolerance a 10x baseline passed once, when the
+    # rerun ran 2.2x faster than a cold recording run (-78% measured).
+    doc["scenarios"]["tiny.fp32"]["metrics"]["samples_per_s"]["mean"] *= 100
     path.write_text(json.dumps(doc))
     doctored = run(project)
     doctored.assert_outcomes(failed=1)
