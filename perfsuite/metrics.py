@@ -181,7 +181,7 @@ register(
         noisy=True,
         imbalance=True,
         tolerances={"cpu": 0.15, "cuda": 0.05},
-        description="worst rank's peak memory over the measured steps (CUDA allocator peak; CPU VmHWM)",
+        description="worst rank's peak memory over the measured steps (CUDA: allocator peak; CPU: anonymous memory, VmHWM - RssFile - RssShmem)",
     )
 )
 register(

@@ -2,7 +2,8 @@
 
 Peak memory is noisy and allocator-dependent, taken over the measured steps:
 on CUDA the caching allocator's peaks plus the process's device memory as NVML
-sees it; on CPU the peak resident set (VmHWM, reset when measuring starts).
+sees it; on CPU the peak of anonymous memory (VmHWM less the file-backed and
+shared-memory pages, see :class:`CpuMemoryTracker`).
 (The exact figure, model-state bytes, is counted by
 :func:`perfsuite.primitives.count_state_bytes`.)
 """
@@ -52,7 +53,28 @@ class MemoryTracker:
         return CudaMemoryTracker(device) if device.type == "cuda" else CpuMemoryTracker(device)
 
 
+#: RssFile may move this much (relative) over the measured steps before the peak is flagged:
+#: the peak subtracts RssFile read at the end, so a file-backed set that changed makes it approximate.
+RSS_FILE_DRIFT = 0.02
+
+
 class CpuMemoryTracker(MemoryTracker):
+    """The rank's anonymous-memory peak over the measured steps, in MiB.
+
+    Defined as ``VmHWM - RssFile - RssShmem``: the peak resident set (reset when
+    measuring starts) less the file-backed and shared-memory pages resident at
+    the end. File-backed pages are mostly torch's mapped shared libraries, and
+    how many of them a touch maps depends on the page cache (how the ``.so``
+    files were last written or read: pip 23 and pip 26 differ), not on the code
+    under test. The kernel keeps no high-water mark of anonymous memory alone,
+    so the file-backed part at the peak is taken as the one at the end; when
+    RssFile moved by more than 2% over the steps the detail says so
+    (``rss_file_moved``). The largest ``RssAnon`` seen at a per-step sample is a
+    floor. A rank forked from its agent (``rank_start=fork``) counts the pages it
+    inherited from the agent in full, as VmHWM does, whether or not they are
+    still shared copy-on-write. Raw VmHWM, RssFile and RssShmem stay in the detail.
+    """
+
     def __enter__(self) -> CpuMemoryTracker:
         # Reset the peak RSS so it is the training peak, not model construction
         # (Linux: writing 5 to clear_refs resets VmHWM); elsewhere it covers the run.
@@ -61,21 +83,52 @@ class CpuMemoryTracker(MemoryTracker):
                 refs.write("5")
         except OSError:
             pass
+        self._start = proc_status()
+        self._anon_peak = self._start.get("RssAnon", 0.0)
         return self
 
+    def sample(self) -> None:
+        self._anon_peak = max(self._anon_peak, proc_status().get("RssAnon", 0.0))
+
     def finish(self) -> MemoryResult:
-        peak = peak_rss_mib()
-        return MemoryResult(peak, {"peak_rss_mib": peak})
+        end = proc_status()
+        if "VmHWM" not in end or "RssFile" not in end:  # not Linux: the whole resident peak
+            peak = peak_rss_mib()
+            return MemoryResult(peak, {"peak_rss_mib": peak, "definition": "peak resident set (ru_maxrss)"})
+        self._anon_peak = max(self._anon_peak, end.get("RssAnon", 0.0))
+        anon = end["VmHWM"] - end["RssFile"] - end.get("RssShmem", 0.0)
+        before = self._start.get("RssFile", 0.0)
+        detail: dict[str, Any] = {
+            "definition": "VmHWM - RssFile - RssShmem over the measured steps",
+            "peak_rss_mib": end["VmHWM"],
+            "rss_file_mib": end["RssFile"],
+            "rss_file_start_mib": before,
+            "rss_shmem_mib": end.get("RssShmem", 0.0),
+            "rss_anon_sampled_peak_mib": self._anon_peak,
+        }
+        if before and abs(end["RssFile"] - before) > RSS_FILE_DRIFT * before:
+            detail["rss_file_moved"] = True
+        return MemoryResult(max(anon, self._anon_peak), detail)
 
 
-def peak_rss_mib() -> float:
+def proc_status() -> dict[str, float]:
+    """This process's memory lines of ``/proc/self/status`` in MiB ({} where there is none)."""
+    found: dict[str, float] = {}
     try:
         with open(f"/proc/{os.getpid()}/status") as status:
             for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
+                key, _, value = line.partition(":")
+                if key.startswith(("Vm", "Rss")) and value.strip().endswith("kB"):
+                    found[key] = int(value.split()[0]) / 1024
     except OSError:
         pass
+    return found
+
+
+def peak_rss_mib() -> float:
+    found = proc_status().get("VmHWM")
+    if found is not None:
+        return found
     ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return ru / MIB if sys.platform == "darwin" else ru / 1024  # macOS: bytes, Linux: KiB
 
