@@ -28,8 +28,11 @@ Verdict = Literal[
     "recorded",
     "unreliable",
     "imbalance",
+    "definition_changed",
 ]
-FAILING: frozenset[str] = frozenset({"regression", "unexpected_oom", "unexpected_pass", "error", "imbalance"})
+FAILING: frozenset[str] = frozenset(
+    {"regression", "unexpected_oom", "unexpected_pass", "error", "imbalance", "definition_changed"}
+)
 #: One-sided significance level for "the drop is real".
 ALPHA = 0.05
 

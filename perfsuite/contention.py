@@ -10,9 +10,14 @@ it may be the neighbour's doing, not the stack's. Pytest side, torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import psutil
 
 
 @dataclass(frozen=True)
@@ -91,3 +96,41 @@ def contended(contention: Contention | None, max_foreign_cores: float, max_steal
         why.append(f"the hypervisor stole {contention.steal_cores:.2f} cores (limit {max_steal_cores:g})")
     why.extend(f"another process computed on {gpu}" for gpu in contention.foreign_gpu)
     return "; ".join(why)
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """How a wait for a quiet machine ended."""
+
+    quiet: bool
+    waited_s: float
+    last: Contention | None
+    """The last sample: what the machine was busy with when the wait ended."""
+
+
+def host_load(sample_s: float = 1.0) -> Contention:
+    """This host's load by other processes over ``sample_s``, measured as a rank measures it:
+    host busy time less this process's own CPU time, and the hypervisor's steal."""
+    me = psutil.Process()
+    before, own_before, start = psutil.cpu_times(), sum(me.cpu_times()[:2]), time.monotonic()
+    time.sleep(sample_s)
+    after, own_after, window = psutil.cpu_times(), sum(me.cpu_times()[:2]), time.monotonic() - start
+
+    def busy(t: Any) -> float:
+        idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "steal", 0.0)
+        return sum(t) - idle - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
+    foreign = max(0.0, busy(after) - busy(before) - (own_after - own_before)) / window
+    steal = max(0.0, getattr(after, "steal", 0.0) - getattr(before, "steal", 0.0)) / window
+    return Contention(foreign, steal, socket.gethostname(), os.cpu_count() or 1)
+
+
+def wait_for_quiet(max_foreign_cores: float, max_steal_cores: float, timeout_s: float,
+                   sample: Callable[[], Contention] = host_load) -> Quiet:  # fmt: skip
+    """Sample until the host is within the limits (``Quiet.quiet``) or ``timeout_s`` has passed."""
+    start, last = time.monotonic(), None
+    while time.monotonic() - start < timeout_s:
+        last = sample()
+        if not contended(last, max_foreign_cores, max_steal_cores):
+            return Quiet(True, time.monotonic() - start, last)
+    return Quiet(False, time.monotonic() - start, last)

@@ -164,6 +164,11 @@ class MaxBatchResult:
         return next((t for t in self.trials if t.status not in ("ok", "oom")), None)
 
     @property
+    def measured(self) -> bool:
+        """Whether any trial trained or ran out of memory: a search that found something."""
+        return any(t.status in ("ok", "oom") for t in self.trials)
+
+    @property
     def outcome(self) -> Outcome:
         if self.stopped_by is not None:
             return "stopped"

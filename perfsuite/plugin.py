@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
-from perfsuite import abtest, hookspecs, maxbatch
+from perfsuite import abtest, gate, hookspecs, maxbatch
 from perfsuite.baselines import BaselineError
 from perfsuite.ceilings import Ceilings, ceilings_first
 from perfsuite.compare import FAILING, MetricCheck, check_metric
 from perfsuite.cost import Job, cost_of, ranking, ranking_lines
+from perfsuite.coverage import Coverage
 from perfsuite.envs import PythonEnv
 from perfsuite.fingerprint import foreign_gpu_processes, machine_fingerprint
 from perfsuite.flops import mfu, of_peak
@@ -130,11 +131,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="measure an apparent regression N more times; it fails only if every "
         "confirmation regresses too (default 1; 0 disables)",
     )
-    group.addoption(
-        "--perf-fail-unreliable",
-        action="store_true",
-        help="fail scenarios whose spread is too high to judge (default: skip them, marked UNRELIABLE)",
-    )
+    gate.add_options(group)  # --perf-allow-unjudged, and the deprecated --perf-fail-unreliable
     group.addoption(
         "--perf-gpu-busy",
         choices=("warn", "error", "ignore"),
@@ -225,6 +222,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--perf-calibrate") and config.getoption("--perf-repeats") < 2:
         raise pytest.UsageError("--perf-calibrate needs --perf-repeats N with N >= 2 to see the spread")
     maxbatch.check_options(config)
+    gate.check_options(config)
     config.stash[ENVS_KEY] = abtest.check_options(config)
     _job(config)  # fail fast on a malformed --perf-job
     if config.getoption("--perf-profile"):
@@ -413,9 +411,11 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             accept_oom=frozenset(config.getoption("--perf-accept-oom")),
             envs=envs,
             device_wait_s=config.getoption("--perf-device-wait"),
+            **gate.contention_settings(config),
         )
         _check_xdist(config)
         _check_gpus_idle(config)
+        gate.load_quarantine(config, settings.baselines_dir, settings.profile.name)
         request.addfinalizer(_stop_on_sigterm())
         launcher = config.stash[LAUNCHER_KEY]
         config.stash[SESSION_KEY] = PerfSession(
@@ -535,18 +535,21 @@ class Perf:
         verdict, message = result.verdict, result.judgement.message
         if result.judgement.stack_changes:
             message += "\nstack changed since the baseline: " + "; ".join(result.judgement.stack_changes)
+        held = gate.quarantined(self.request.config, scenario.id)
+        if held is not None and verdict not in ("pass", "recorded", "expected_oom"):
+            pytest.skip(f"{scenario.id}: QUARANTINED, not gating ({held.describe()}); {verdict}: {message}")
         if verdict in FAILING:
             pytest.fail(f"{scenario.id}: {verdict}: {message}", pytrace=False)
         if verdict == "skipped":
             pytest.skip(f"{scenario.id}: {message}")
         if verdict == "unreliable":
-            if self.request.config.getoption("--perf-fail-unreliable"):
+            if self.request.config.getoption(gate.DEPRECATED_FLAG):
                 pytest.fail(f"{scenario.id}: UNRELIABLE: {message}", pytrace=False)
-            pytest.skip(f"{scenario.id}: UNRELIABLE (not judged): {message}")
+            pytest.skip(f"{scenario.id}: UNRELIABLE (not judged, fails the run): {message}")
         if verdict == "no_baseline":
             path = self.session.store_for(self.session.env_of(scenario)).path(scenario.group)
             pytest.skip(
-                f"{scenario.id}: no baseline in {path}; record one with: "
+                f"{scenario.id}: no baseline in {path} (not judged, fails the run); record one with: "
                 f"pytest '{self.request.node.nodeid}' --perf-update-baselines"
             )
         if verdict == "improved":
@@ -587,8 +590,18 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         for line in abtest.summary_lines(abtest.results_of(config)):
             terminalreporter.write_line(line)
     session = config.stash.get(SESSION_KEY, None)
-    if session is None or not session.results:
-        return
+    if session is not None and session.results:
+        _session_summary(terminalreporter, config, session)
+    found = _coverage(config)
+    failing = gate.problems(config, found)
+    if found is not None:
+        gate.summary(terminalreporter, found, failing)
+    else:
+        for line in failing:
+            terminalreporter.write_line(line, red=True)
+
+
+def _session_summary(terminalreporter: Any, config: pytest.Config, session: PerfSession) -> None:
     terminalreporter.write_sep("-", f"perfsuite summary (profile {session.profile.name})")
     for line in summary_lines(session.results.values()):
         terminalreporter.write_line(line)
@@ -607,6 +620,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if why:
         terminalreporter.write_sep("!", "perfsuite: nothing was measured", red=True)
         terminalreporter.write_line(why)
+
+
+def _coverage(config: pytest.Config) -> Coverage | None:
+    """The run's coverage in its mode (None when nothing was selected)."""
+    session = config.stash.get(SESSION_KEY, None)
+    return gate.coverage(config, session.results.values() if session is not None else ())
 
 
 def _max_batch_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -640,6 +659,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     perf = config.stash.get(SESSION_KEY, None)
     if perf is not None and nothing_measured(perf) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    found = _coverage(config)
+    if gate.problems(config, found) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if maxbatch.enabled(config) and maxbatch.nothing_searched(config) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     compared = [r for r in abtest.results_of(config) if r.comparisons]
@@ -660,6 +682,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         relations=relations,
         ceilings=ceilings,
         ranking=ranked,
+        **({"coverage": found.to_json()} if found is not None else {}),
         **maxbatch.results_json(config),
         **({"ab": [r.to_json() for r in abtest.results_of(config)]} if abtest.enabled(config) else {}),
     )

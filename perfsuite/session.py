@@ -15,11 +15,12 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from perfsuite import definition
 from perfsuite import metrics as registry
 from perfsuite.baselines import BaselineEntry, BaselineError, BaselineStore
 from perfsuite.ceilings import Ceilings
@@ -32,7 +33,7 @@ from perfsuite.compare import (
     judge_outcome,
     resolve_tolerances,
 )
-from perfsuite.contention import contended
+from perfsuite.contention import Quiet, contended, wait_for_quiet
 from perfsuite.envs import CURRENT, PythonEnv, build_hint, parse_envs
 from perfsuite.fingerprint import stack_changes, tracked_packages
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob, devicelock
@@ -70,6 +71,9 @@ class RunSettings:
     accept_oom: frozenset[str] = frozenset()  # scenario ids whose OOM may be recorded as expected
     envs: Mapping[str, PythonEnv] = field(default_factory=lambda: parse_envs([]))  # named interpreters
     device_wait_s: float = 600.0  # how long a launch waits for GPUs another run holds
+    contention_retries: int = 2  # fresh measurements after a contended one, each after the host went quiet
+    contention_wait_s: float = 60.0  # longest wait for a quiet host, per scenario
+    contention_budget_s: float = 300.0  # longest waiting in all, per session
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,10 @@ class PerfSession:
         self.ceilings = Ceilings()  # best matmul TFLOP/s per dtype measured so far
         self.env_runtime: dict[str, dict[str, Any]] = {}  # rank 0's builds per named environment
         self._emulators: dict[int, TorchrunLauncher] = {}
+        #: Waits for a quiet host (tests replace it); seconds waited so far in this session.
+        self.wait_for_quiet: Callable[[float, float, float], Quiet] = wait_for_quiet
+        self.waited_s = 0.0
+        self.provenance: dict[str, Any] = {}
         self._workroot = settings.workdir or Path(tempfile.mkdtemp(prefix="perfsuite-"))
 
     @property
@@ -257,15 +265,12 @@ class PerfSession:
         if skip:
             return ScenarioResult(scenario, "skipped", Judgement("skipped", skip))
         baseline = self.store_for(self.env_of(scenario)).get(scenario.group, scenario.id)
-        measurement = self.measure(scenario)
-        judgement = self._judge(scenario, measurement, baseline)
-        attempts = [_attempt(scenario, measurement, judgement)]
+        attempts: list[dict[str, Any]] = []
+        measurement, judgement = self._measured(scenario, baseline, attempts)
         for _ in range(self.settings.confirm if judgement.verdict == "regression" else 0):
             # A regression must reproduce in a fresh measurement: noise rarely
             # strikes twice, so false alarms fall to about the square.
-            measurement = self.measure(scenario)
-            judgement = self._judge(scenario, measurement, baseline)
-            attempts.append(_attempt(scenario, measurement, judgement))
+            measurement, judgement = self._measured(scenario, baseline, attempts)
             if judgement.verdict != "regression":
                 judgement = _unconfirmed(judgement, attempts)
                 break
@@ -289,6 +294,41 @@ class PerfSession:
         if (self.settings.update_baselines or self.settings.calibrate) and recordable:
             result.judgement = self._refused_oom(scenario, result) or self._record(scenario, result)
         return result
+
+    def _measured(self, scenario: BaseScenario, baseline: BaselineEntry | None,
+                  attempts: list[dict[str, Any]]) -> tuple[Measurement, Judgement]:  # fmt: skip
+        """Measure and judge once; a judgement that contention left unreliable waits for a
+        quiet host and measures again, up to the settings' retries within the wait budgets.
+        Every measurement goes into ``attempts``."""
+        busy: list[str] = []
+        while True:
+            measurement = self.measure(scenario)
+            judgement = self._judge(scenario, measurement, baseline)
+            attempts.append(_attempt(scenario, measurement, judgement))
+            why = self._contended(measurement.metrics) if measurement.metrics is not None else ""
+            if judgement.verdict != "unreliable" or not why:
+                break
+            busy.append(why)
+            waited = self._await_quiet() if len(busy) <= self.settings.contention_retries else None
+            if waited is None or not waited.quiet:
+                judgement = _still_contended(judgement, busy, waited, self.settings.contention_retries)
+                break
+        if busy and judgement.verdict != "unreliable":
+            tries = "; ".join(f"try {n}: {why}" for n, why in enumerate(busy, 1))
+            judgement = replace(
+                judgement, message=f"{judgement.message} [measured again after the host went quiet; {tries}]"
+            )
+        return measurement, judgement
+
+    def _await_quiet(self) -> Quiet | None:
+        """Wait for the host to go quiet within what is left of the per-scenario and per-session
+        budgets (None when nothing is left)."""
+        budget = min(self.settings.contention_wait_s, self.settings.contention_budget_s - self.waited_s)
+        if budget <= 0:
+            return None
+        quiet = self.wait_for_quiet(self.profile.max_foreign_cores, self.profile.max_steal_cores, budget)
+        self.waited_s += quiet.waited_s
+        return quiet
 
     def _refused_oom(self, scenario: BaseScenario, result: ScenarioResult) -> Judgement | None:
         """An OOM that neither the scenario nor its stored baseline expects is not recorded,
@@ -410,6 +450,9 @@ class PerfSession:
         if outcome.status in ("crash", "timeout"):
             detail = outcome.failure.describe() if outcome.failure else ""
             return Judgement("error", f"workers {outcome.status}: {detail}")
+        redefined = self._redefined(scenario, baseline)
+        if redefined is not None:
+            return redefined
         expected = baseline.expected if baseline else scenario.expected_outcome(self.profile.variant_keys)
         decided = judge_outcome(outcome.status, expected, baseline)
         if (decided is not None and decided.verdict != "no_baseline") or metrics is None:
@@ -444,6 +487,26 @@ class PerfSession:
             judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
         return Judgement(judgement.verdict, judgement.message, judgement.checks, changes)
 
+    def _redefined(self, scenario: BaseScenario, baseline: BaselineEntry | None) -> Judgement | None:
+        """``definition_changed`` when the scenario is no longer what its baseline was recorded for
+        (None when it is, or when the baseline predates stored definitions)."""
+        recorded = baseline.extra.get("definition") if baseline is not None else None
+        if not isinstance(recorded, Mapping):
+            return None
+        changed = definition.changes(recorded, definition.definition(scenario.to_config()))
+        if not changed:
+            return None
+        return Judgement(
+            "definition_changed",
+            f"the scenario changed since its baseline was recorded ({'; '.join(changed)}), so its figures are "
+            f"not comparable; re-record it: pytest -k '{scenario.id}' --perf-update-baselines",
+        )
+
+    def _provenance(self) -> dict[str, Any]:
+        if not self.provenance:  # one git call per session
+            self.provenance.update(definition.provenance(self.settings.baselines_dir.parent))
+        return self.provenance
+
     def _contended(self, metrics: ScenarioMetrics) -> str:
         """Why ``metrics`` were measured under contention by this profile's limits ("" if they were not)."""
         return contended(metrics.contention, self.profile.max_foreign_cores, self.profile.max_steal_cores)
@@ -458,6 +521,8 @@ class PerfSession:
         extra: dict[str, Any] = {}
         if result.status == "oom" and scenario.id in self.settings.accept_oom:
             extra["oom_accepted"] = {"by": _who(), "at": _now(), "via": "--perf-accept-oom"}
+        extra["definition"] = definition.definition(scenario.to_config())
+        extra["provenance"] = self._provenance()
         if result.metrics is not None:
             metrics = baseline_metrics(result.metrics)
             if self.settings.calibrate:
@@ -619,6 +684,19 @@ def _mean_or_none(metrics: ScenarioMetrics | None, name: str) -> float | None:
 
 def _mean(stored: Any) -> float:
     return float(stored["mean"] if isinstance(stored, dict) else stored)
+
+
+def _still_contended(judgement: Judgement, busy: list[str], waited: Quiet | None, retries: int) -> Judgement:
+    """An unreliable verdict that names the contention of every try and why it stopped trying."""
+    if waited is not None:
+        last = f"{waited.last.foreign_cores:.2f} cores busy" if waited.last else "no sample"
+        stop = f"the host did not go quiet within {waited.waited_s:.0f} s ({last})"
+    elif len(busy) > retries:
+        stop = f"all {len(busy)} measurement(s) contended (--perf-contention-retries {retries})"
+    else:
+        stop = "the session's wait budget for a quiet host is spent (--perf-contention-budget)"
+    tries = "; ".join(f"try {n}: {why}" for n, why in enumerate(busy, 1))
+    return replace(judgement, message=f"{judgement.message} [{stop}; {tries}]")
 
 
 def _unconfirmed(judgement: Judgement, attempts: list[dict[str, Any]]) -> Judgement:

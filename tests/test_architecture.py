@@ -55,6 +55,10 @@ PYTEST_SIDE = (
     "perfsuite.htmlreport",
     "perfsuite.bootstrap",
     "perfsuite.cliargs",
+    "perfsuite.gate",
+    "perfsuite.coverage",
+    "perfsuite.quarantine",
+    "perfsuite.definition",
 )
 Graph = Mapping[str, set[str]]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import FAKE_NVML
 
-from perfsuite.bootstrap.costs import DEFAULT_LAUNCH_S, Costs, CostsError
 from perfsuite.bootstrap import run as run_module
+from perfsuite.bootstrap.costs import DEFAULT_LAUNCH_S, Costs, CostsError
 from perfsuite.bootstrap.plan import Done, Plan, Settings, Step, Target, make_plan, rounds
 from perfsuite.bootstrap.run import Budget
 from perfsuite.bootstrap.state import State, StepRecord
@@ -186,7 +186,10 @@ def test_a_step_that_does_not_fit_waits_and_later_ones_that_fit_run(tmp_path: Pa
     assert "baseline:m.tight: waits, needs ~40 s" in out and "2 step(s) did not fit" in out
     lines = "\n".join(plan.lines(52))
     assert "the budget ends here (52 s)" in lines
-    assert [line.split()[1] for line in lines.splitlines() if line.endswith("waits")] == ["baseline:m.tight", "baseline:m.last"]
+    assert [line.split()[1] for line in lines.splitlines() if line.endswith("waits")] == [
+        "baseline:m.tight",
+        "baseline:m.last",
+    ]
 
 
 def test_the_plan_for_one_h100_records_the_seed_shapes_that_fit_one_gpu(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 
 from perfsuite.__main__ import main
 from perfsuite.compare import FAILING
+from perfsuite.coverage import Outcome, coverage_of
 from perfsuite.htmlreport import results as res
 from perfsuite.htmlreport import summary
 
@@ -80,6 +81,18 @@ def test_markdown_summary_marks_verdicts_and_keeps_cells_whole() -> None:
     assert regressed.count(" | ") == len(summary.COLUMNS) - 1  # the message's pipe is escaped, not a column
     assert "| `mp.big` | ⏭️ skipped | - | - | - | - | needs 4 ranks |" in lines
     assert "| `mp.samples_per_s:amp>fp32` | violated | 50 > 80 is false |" in lines
+
+
+def test_the_job_summary_opens_with_the_coverage_line_and_its_fixes() -> None:
+    doc = document()
+    found = coverage_of(Outcome(r["id"], r["verdict"], r["message"]) for r in doc["results"])
+    lines = summary.markdown({**doc, "coverage": found.to_json()}).splitlines()
+    assert lines[2] == "**✅ judged 2 of 3 selected scenario(s); not for this machine: 1**"
+    doc["results"][0]["verdict"] = "no_baseline"
+    found = coverage_of(Outcome(r["id"], r["verdict"], r["message"]) for r in doc["results"])
+    lines = summary.markdown({**doc, "coverage": found.to_json()}).splitlines()
+    assert lines[2].startswith("**❌ judged 1 of 3 selected scenario(s); not judged: 1 no baseline")
+    assert lines[3].startswith("- no_baseline: mp.fp32: record baselines")
 
 
 def test_summary_command_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -376,3 +389,11 @@ def test_the_page_has_the_cost_and_hardware_sections() -> None:
     bare = render(document(), "results.json")
     assert "No group measured two or more training configurations" in bare
     assert "No matmul microbenchmark ran in this session" in bare
+    assert "not judged" not in bare  # an older results file has no coverage: nothing shown
+    doc = document()
+    doc["coverage"] = coverage_of([Outcome("mp.fp32", "no_baseline"), Outcome("mp.amp", "pass")]).to_json()
+    covered = render(doc, "results.json")
+    assert (
+        '<span class="badge bad">not judged</span> judged 1 of 2 selected scenario(s); not judged: 1 no baseline'
+        in covered
+    )

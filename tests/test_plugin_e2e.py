@@ -26,11 +26,17 @@ def baseline_path(pytester: pytest.Pytester, group: str = "tiny"):
     return pytester.path / "baselines" / "cpu" / f"{group}.json"
 
 
-def test_no_baseline_skips_with_the_record_command(project: pytest.Pytester) -> None:
+def test_no_baseline_skips_with_the_record_command_and_fails_the_run(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=bench_module(ONE))
     result = run(project)
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*no baseline in*tiny.json*--perf-update-baselines*"])
+    result.stdout.fnmatch_lines([
+        "*no baseline in*tiny.json (not judged, fails the run)*--perf-update-baselines*",
+        "*perfsuite coverage: judged 0 of 1 selected scenario(s); not judged: 1 no baseline*",
+        "not judged, so this run fails (--perf-allow-unjudged opts out)*",
+        "no_baseline: tiny.fp32: record baselines: python -m perfsuite bootstrap*",
+    ])  # fmt: skip
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
 
 
 def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester) -> None:
@@ -55,13 +61,29 @@ def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester)
     doctored.assert_outcomes(failed=1)
     doctored.stdout.fnmatch_lines(["*tiny.fp32: regression: samples_per_s*vs baseline*higher is better*"])
 
+    # Quarantined, it still runs and is reported, but does not gate; a run that judged nothing else still fails.
+    (path.parent / "quarantine.toml").write_text(
+        '[[scenario]]\nid = "tiny.fp32"\nreason = "doctored"\nowner = "ci"\nexpires = 2099-01-01\n'
+    )
+    held = run(project, f"--perf-json={project.path / 'q.json'}")
+    held.assert_outcomes(skipped=1)
+    held.stdout.fnmatch_lines(["*tiny.fp32: QUARANTINED, not gating (quarantined until 2099-01-01 by ci: doctored); "
+                               "regression: samples_per_s*"])  # fmt: skip
+    coverage = json.loads((project.path / "q.json").read_text())["coverage"]
+    assert coverage["quarantined"] == ["tiny.fp32"] and coverage["judged"] == []
+    assert held.ret == pytest.ExitCode.TESTS_FAILED
+
 
 def test_results_file_follows_the_contract(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=bench_module(ONE))
     out = project.path / "results.json"
-    run(project, f"--perf-json={out}").assert_outcomes(skipped=1)
+    allowed = run(project, f"--perf-json={out}", "--perf-allow-unjudged")
+    allowed.assert_outcomes(skipped=1)
+    assert allowed.ret == pytest.ExitCode.OK  # the explicit opt-out
     doc = json.loads(out.read_text())
-    assert {"machine", "results"} <= set(doc)
+    assert {"machine", "results", "coverage"} <= set(doc)
+    assert doc["coverage"]["line"] == "judged 0 of 1 selected scenario(s); not judged: 1 no baseline"
+    assert doc["coverage"]["ok"] is False and doc["coverage"]["unjudged"] == {"no_baseline": ["tiny.fp32"]}
     (result,) = doc["results"]
     assert {"id", "group", "status", "config", "metrics", "baseline", "verdict"} <= set(result)
     assert result["status"] == "ok" and result["verdict"] == "no_baseline" and result["baseline"] is None

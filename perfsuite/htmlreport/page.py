@@ -30,6 +30,7 @@ def render(document: Mapping[str, Any], source: str, history: Path | None = None
         source=source,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         headline=res.headline(document),
+        coverage=document.get("coverage"),
         machine=_machine(document.get("machine") or {}),
         columns=summary.COLUMNS,
         rows=[(summary.row(r), res.style(r["verdict"])) for r in document["results"]],

@@ -68,7 +68,12 @@ def markdown(document: Mapping[str, Any]) -> str:
     for result in document["results"]:
         cells = row(result)
         body.append((f"`{cells[0]}`", f"{MARKS[res.style(cells[1])]} {cells[1]}", *cells[2:]))
-    lines = [f"## perfsuite: {res.headline(document)}", "", *_table(COLUMNS, body)]
+    lines = [f"## perfsuite: {res.headline(document)}", ""]
+    coverage = document.get("coverage")
+    if coverage:  # the gate's own verdict on what it could judge, above the rows
+        mark = MARKS["good"] if coverage.get("ok") else MARKS["bad"]
+        lines += [f"**{mark} {coverage.get('line', '')}**", *(f"- {fix}" for fix in coverage.get("fixes", [])), ""]
+    lines += _table(COLUMNS, body)
     relations = document.get("relations") or []
     if relations:
         lines += ["", "### Relations", ""]

@@ -1,0 +1,67 @@
+"""What a baseline was recorded for, and whether the scenario is still that.
+
+A baseline keeps the scenario's resolved definition: its fields after fitting
+to the profile (model shape, precision, batches, world size, engine options),
+taken from the scenario itself, never from the built model. When a scenario's
+definition has changed since, its figures are not comparable with the
+baseline, so the scenario fails as ``definition_changed``, naming the changed
+fields, rather than passing or calling the change a regression. Pytest side,
+torch-free.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: Config keys that describe or measure rather than define the work: notes and
+#: formula texts, names, the spec before fitting, what is derived from the
+#: rest, and how many steps are measured.
+NOT_DEFINING = frozenset(
+    {"reference", "flops_formula", "bytes_formula", "declared", "layout", "bus_factor", "id", "group", "name",
+     "primary", "steps", "warmup_steps", "max_warmup_steps"}
+)  # fmt: skip
+
+
+def definition(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The defining part of a scenario's config (``BaseScenario.to_config()``)."""
+    return {key: value for key, value in config.items() if key not in NOT_DEFINING}
+
+
+def changes(recorded: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Each field that differs, as ``model.ffn 512 -> 2048``.
+
+    Only fields on both sides count: a field one side lacks comes from a
+    perfsuite version that wrote more or fewer of them, not from the scenario.
+    """
+    found = []
+    for key in sorted(set(recorded) & set(current)):
+        old, new = recorded[key], current[key]
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            found += changes(old, new, f"{prefix}{key}.")
+        elif old != new:
+            found.append(f"{prefix}{key} {_show(old)} -> {_show(new)}")
+    return found
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def provenance(folder: Path) -> dict[str, Any]:
+    """Where a baseline comes from besides its fingerprint: the perfsuite version and the git
+    commit of the checkout holding ``folder`` (None outside git, or without git)."""
+    try:
+        version: str | None = importlib.metadata.version("perfsuite")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        version = None
+    try:
+        done = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=False)  # fmt: skip
+        commit = done.stdout.strip() if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"perfsuite": version, "commit": commit}
