@@ -125,12 +125,19 @@ def host_load(sample_s: float = 1.0) -> Contention:
     return Contention(foreign, steal, socket.gethostname(), os.cpu_count() or 1)
 
 
+#: Consecutive quiet one-second samples that make a quiet host: a single quiet
+#: second between a neighbour's bursts is no reason to measure again.
+QUIET_SAMPLES = 3
+
+
 def wait_for_quiet(max_foreign_cores: float, max_steal_cores: float, timeout_s: float,
-                   sample: Callable[[], Contention] = host_load) -> Quiet:  # fmt: skip
-    """Sample until the host is within the limits (``Quiet.quiet``) or ``timeout_s`` has passed."""
-    start, last = time.monotonic(), None
+                   sample: Callable[[], Contention] = host_load, settle: int = QUIET_SAMPLES) -> Quiet:  # fmt: skip
+    """Sample until the host was within the limits for ``settle`` samples in a row
+    (``Quiet.quiet``), or ``timeout_s`` has passed."""
+    start, last, streak = time.monotonic(), None, 0
     while time.monotonic() - start < timeout_s:
         last = sample()
-        if not contended(last, max_foreign_cores, max_steal_cores):
+        streak = 0 if contended(last, max_foreign_cores, max_steal_cores) else streak + 1
+        if streak >= settle:
             return Quiet(True, time.monotonic() - start, last)
     return Quiet(False, time.monotonic() - start, last)

@@ -166,7 +166,11 @@ def test_a_host_that_never_goes_quiet_ends_the_wait_at_its_bound() -> None:
     loaded = Contention(1.5, 0.0, "a", 2)
     ended = wait_for_quiet(0.25, 0.1, 0.05, sample=lambda: loaded)
     assert not ended.quiet and ended.last == loaded and ended.waited_s >= 0.05
-    assert wait_for_quiet(0.25, 0.1, 5, sample=lambda: Contention(0.1, 0.0, "a", 2)).quiet
+    # Quiet means three quiet samples in a row: a lull between a neighbour's bursts is not enough.
+    bursts = iter([Contention(x, 0.0, "a", 2) for x in (0.1, 0.9, 0.1, 0.1, 0.9, 0.1, 0.1, 0.1, 0.9)])
+    taken: list[Contention] = []
+    ended = wait_for_quiet(0.25, 0.1, 5, sample=lambda: taken.append(next(bursts)) or taken[-1])
+    assert ended.quiet and len(taken) == 8
 
 
 def test_no_workflow_turns_an_unjudged_run_green() -> None:
