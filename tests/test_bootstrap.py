@@ -21,7 +21,7 @@ from perfsuite.bootstrap.costs import DEFAULT_LAUNCH_S, Costs, CostsError
 from perfsuite.bootstrap.plan import Done, Plan, Settings, Step, Target, make_plan, rounds
 from perfsuite.bootstrap.run import Budget
 from perfsuite.bootstrap.state import State, StepRecord
-from perfsuite.bootstrap.steps import judge, run_logged
+from perfsuite.bootstrap.steps import Context, judge, run_logged, selftest_left, selftest_step
 from perfsuite.cliargs import parse_duration
 
 ROOT = Path(__file__).parents[1]
@@ -190,6 +190,44 @@ def test_a_step_that_does_not_fit_waits_and_later_ones_that_fit_run(tmp_path: Pa
         "baseline:m.tight",
         "baseline:m.last",
     ]
+
+
+FAKE_SELFTEST = """#!{python}
+# Stands in for `python -m perfsuite selftest`: one row per --levels value, written
+# after each level as the real one does; hangs at level 5 while HANG exists.
+import json, os, sys, time
+args = sys.argv[sys.argv.index("selftest") + 1:]
+levels = [float(x) for x in args[args.index("--levels") + 1].split(",")]
+out = args[args.index("--json") + 1]
+with open(os.path.join(os.path.dirname(out), "asked.txt"), "a") as f:
+    f.write(",".join(f"{{x:g}}" for x in levels) + "\\n")
+rows = []
+for level in levels:
+    if level == 5 and os.path.exists(os.path.join(os.path.dirname(out), "HANG")):
+        time.sleep(60)
+    rows.append({{"level": level, "trials": 2, "failed": int(level > 0), "unreliable": 0}})
+    json.dump({{"keyword": "m.x", "ab": None, "levels": rows}}, open(out, "w"))
+"""
+
+
+def test_a_stopped_selftest_keeps_its_finished_levels_and_the_rerun_measures_only_the_rest(tmp_path: Path) -> None:
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_SELFTEST.format(python=sys.executable))
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "HANG").touch()
+    ctx = Context(str(fake), "cpu", tmp_path / "baselines", out, levels=(0.0, 3.0, 5.0, 10.0))
+    step = Step("selftest:m.x", "selftest", (target("m.x", "m", "microbench"),), 12, 100.0)
+    stopped, _ = selftest_step(step, ctx, timeout_s=3)
+    assert stopped.status == "interrupted" and "2 of 4 level(s) kept" in stopped.message
+    assert selftest_left(step, ctx) == 0.5  # what the loop now budgets for it: half the estimate
+    (out / "HANG").unlink()
+    record, table = selftest_step(step, ctx, timeout_s=30)
+    assert record.status == "done", record.message
+    assert (out / "asked.txt").read_text().splitlines() == ["0,3,5,10", "5,10"]
+    assert [r["level"] for r in table["levels"]] == [0.0, 3.0, 5.0, 10.0]
+    assert "0%: 0/2, 3%: 1/2, 5%: 1/2, 10%: 1/2" in record.message
 
 
 def test_the_plan_for_one_h100_records_the_seed_shapes_that_fit_one_gpu(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from perfsuite.bootstrap import report
 from perfsuite.bootstrap.costs import FILENAME, Costs
 from perfsuite.bootstrap.plan import START_MARGIN, Done, Plan, Settings, Step, fits, make_plan, targets_for
 from perfsuite.bootstrap.state import State, StepRecord, done_in
-from perfsuite.bootstrap.steps import Context, doctor_step, pytest_step, selftest_step
+from perfsuite.bootstrap.steps import Context, doctor_step, pytest_step, selftest_left, selftest_step
 from perfsuite.profiles import HardwareProfile
 
 EXIT_COMPLETE, EXIT_FAILED, EXIT_INCOMPLETE = 0, 1, 3
@@ -111,6 +111,9 @@ def run(options: Options) -> int:
                          *plan.lines(options.budget_s)]))  # fmt: skip
         return EXIT_COMPLETE
     state = State.load(options.out / "state.json", profile.name, options.redo)
+    if options.redo:  # a selftest keeps its finished levels across runs; starting over drops them
+        for table in options.out.glob("selftest_*.json"):
+            table.unlink()
     state.facts["budget_s"] = options.budget_s
     state.facts["baselines"] = str(options.baselines / profile.name)
     ctx = Context(options.python, profile.name, options.baselines, options.out, options.pytest_args,
@@ -140,6 +143,8 @@ def loop(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, c
         if step.kind in ("cv", "selftest") and not {t.id for t in step.targets} <= recorded:
             say(f"{number}/{len(work)} {step.key}: not started, its scenario has no baseline (see its baseline step)")
             continue
+        if step.kind == "selftest":  # a stopped selftest kept its finished levels: only the rest is to pay
+            step = replace(step, estimate_s=step.estimate_s * selftest_left(step, ctx))
         if not fits(step, budget.left() - reserve):
             if not waiting:
                 say(f"{number}/{len(work)} {step.key}: waits, needs ~{step.estimate_s:.0f} s (x{START_MARGIN} margin)"

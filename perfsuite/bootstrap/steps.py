@@ -142,24 +142,67 @@ def pytest_step(step: Step, ctx: Context, timeout_s: float, done: frozenset[str]
     return StepRecord(status, time.monotonic() - start, step.estimate_s, message), results
 
 
+def selftest_table(step: Step, ctx: Context) -> Path:
+    """Where the selftest's detection table is kept, level by level, across runs."""
+    return ctx.out / f"{safe(step.key)}.json"
+
+
+def selftest_rows(step: Step, ctx: Context) -> list[dict[str, Any]]:
+    """The levels an earlier, stopped run of this selftest already measured (of this run's levels)."""
+    try:
+        rows = json.loads(selftest_table(step, ctx).read_text())["levels"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [r for r in rows if isinstance(r, dict) and r.get("level") in ctx.levels]
+
+
+def selftest_left(step: Step, ctx: Context) -> float:
+    """The share of this selftest's levels still to measure (1.0 when none was)."""
+    return 1.0 - len(selftest_rows(step, ctx)) / max(1, len(ctx.levels))
+
+
 def selftest_step(step: Step, ctx: Context, timeout_s: float) -> tuple[StepRecord, dict[str, Any]]:
-    """The gate against its own baseline with real extra work planted per step."""
+    """The gate against its own baseline with real extra work planted per step.
+
+    The selftest writes its table after every level, so a run stopped at the
+    budget's end keeps the levels it finished, and the next run measures only
+    the others (GPU time is scarce: the first H100 run lost a whole selftest).
+    """
     (target,) = step.targets
-    table = ctx.out / f"{safe(step.key)}.json"
-    table.unlink(missing_ok=True)
+    table, part = selftest_table(step, ctx), ctx.out / f"{safe(step.key)}.part.json"
+    done = selftest_rows(step, ctx)
+    todo = [x for x in ctx.levels if x not in {r["level"] for r in done}]
+    part.unlink(missing_ok=True)
     cmd = [ctx.python, "-m", "perfsuite", "selftest", target.nodeid, "-k", target.id, "--trials", str(ctx.trials),
-           "--levels", ",".join(f"{x:g}" for x in ctx.levels), "--json", str(table),
+           "--levels", ",".join(f"{x:g}" for x in todo), "--json", str(part),
            f"--perf-profile={ctx.profile}", f"--perf-baselines={ctx.baselines}", *ctx.pytest_args]  # fmt: skip
     start = time.monotonic()
-    code = run_logged(cmd, ctx.log_path(step), timeout_s)
+    code = run_logged(cmd, ctx.log_path(step), timeout_s) if todo else 0
     wall = time.monotonic() - start
+    doc = _merged(table, part, done, ctx.levels)
     if code is None:
-        return StepRecord("interrupted", wall, step.estimate_s, "stopped at the budget's end; rerun to resume"), {}
-    if code != 0 or not table.exists():
+        kept = f"; {len(doc['levels'])} of {len(ctx.levels)} level(s) kept" if doc["levels"] else ""
+        return StepRecord(
+            "interrupted", wall, step.estimate_s, f"stopped at the budget's end{kept}; rerun to resume"
+        ), {}
+    if code != 0 or len(doc["levels"]) < len(ctx.levels):
         return StepRecord("failed", wall, step.estimate_s, f"selftest exited {code}: {tail(ctx.log_path(step))}"), {}
-    doc: dict[str, Any] = json.loads(table.read_text())
     summary = ", ".join(f"{r['level']:g}%: {r['failed']}/{r['trials']}" for r in doc["levels"])
     return StepRecord("done", wall, step.estimate_s, f"{target.id} failed the gate at {summary}"), doc
+
+
+def _merged(table: Path, part: Path, done: list[dict[str, Any]], levels: Sequence[float]) -> dict[str, Any]:
+    """The levels kept from earlier runs and those this run wrote, in ``levels`` order, saved to ``table``."""
+    try:
+        new = json.loads(part.read_text())
+    except (OSError, ValueError):
+        new = {"levels": []}
+    by_level = {r["level"]: r for r in [*done, *new.get("levels", [])]}
+    doc = {**new, "levels": [by_level[x] for x in levels if x in by_level]}
+    doc.setdefault("ab", None)
+    atomic_write_json(table, doc)
+    part.unlink(missing_ok=True)
+    return doc
 
 
 def doctor_step(
