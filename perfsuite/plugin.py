@@ -7,44 +7,24 @@ verdict fails, skips or passes *that* test, never a session hook.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import shutil
-import signal
 import sys
-import threading
 import warnings
-from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from perfsuite import abtest, gate, hookspecs, maxbatch
+from perfsuite import abtest, gate, guards, hookspecs, machine, maxbatch, options
 from perfsuite.baselines import BaselineError
 from perfsuite.ceilings import Ceilings, ceilings_first
 from perfsuite.compare import FAILING, MetricCheck, check_metric
-from perfsuite.cost import Job, cost_of, ranking, ranking_lines
+from perfsuite.cost import ranking, ranking_lines
 from perfsuite.coverage import Coverage
 from perfsuite.envs import PythonEnv
-from perfsuite.fingerprint import foreign_gpu_processes, machine_fingerprint
-from perfsuite.flops import mfu, of_peak
 from perfsuite.launch import Launcher
 from perfsuite.launch.devicelock import DeviceBusy
-from perfsuite.launch.slurm import SlurmLauncher
-from perfsuite.launch.torchrun import (
-    LocalTorchrun,
-    Topology,
-    TopologyError,
-    TorchrunLauncher,
-)
-from perfsuite.profiles import (
-    HardwareProfile,
-    ProfileError,
-    ProfileRegistry,
-    profile_for,
-)
 from perfsuite.progress import Progress
 from perfsuite.relations import Relation, RelationOutcome
 from perfsuite.report import (
@@ -59,22 +39,17 @@ from perfsuite.workloads.base import BaseScenario
 
 SESSION_KEY = pytest.StashKey["PerfSession"]()
 ENVS_KEY = pytest.StashKey[dict[str, PythonEnv]]()
-PROFILE_KEY = pytest.StashKey[HardwareProfile]()
-FINGERPRINT_KEY = pytest.StashKey[dict]()
 LAUNCHER_KEY = pytest.StashKey[Launcher]()
 
-# Exporters are pytest plugins of their own: each adds its options to the
-# perfsuite group and implements pytest_perfsuite_session_finished, the same
-# hook a user's plugin would.
-pytest_plugins: list[str] = ["perfsuite.exports.benchjson", "perfsuite.exports.history"]
+# perfsuite's default extra metrics and its exporters are pytest plugins of
+# their own: each implements a perfsuite hook (pytest_perfsuite_extra_metrics,
+# pytest_perfsuite_session_finished) as a user's plugin would, and the
+# exporters add their options to the perfsuite group.
+pytest_plugins: list[str] = ["perfsuite.extras", "perfsuite.exports.benchjson", "perfsuite.exports.history"]
 
 
 class StaleBaselineWarning(UserWarning):
     """A scenario beat its baseline by more than the tolerance."""
-
-
-class BusyGpuWarning(UserWarning):
-    """Other processes were using the GPUs when the session started."""
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -82,251 +57,16 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("perfsuite", "perfsuite: training speed and memory gate")
-    group.addoption(
-        "--perf-profile",
-        metavar="NAME",
-        help="hardware profile (baselines/<NAME>/); default: detected from the machine "
-        "('cpu' without GPUs, e.g. 'nvidia-h100-80gb-hbm3-x1' with them; 'cuda-32gb' "
-        "caps each GPU to 32 GiB)",
-    )
-    group.addoption(
-        "--perf-baselines",
-        metavar="DIR",
-        help="baselines folder (default: <rootdir>/baselines)",
-    )
-    group.addoption(
-        "--perf-update-baselines",
-        action="store_true",
-        help="record the measured outcome of every scenario that runs as its new "
-        "baseline (keeps hand-set tolerances and notes)",
-    )
-    group.addoption(
-        "--perf-accept-oom",
-        metavar="ID",
-        action="append",
-        default=[],
-        help="with --perf-update-baselines: record this scenario's out-of-memory as expected "
-        "(repeatable); an OOM nothing expected is never recorded otherwise",
-    )
-    group.addoption("--perf-json", metavar="PATH", help="write the results file to PATH")
-    group.addoption(
-        "--perf-timeout",
-        metavar="SECONDS",
-        type=float,
-        help="wall-clock limit per scenario run (default: scenario's, else profile's)",
-    )
-    group.addoption(
-        "--perf-repeats",
-        metavar="N",
-        type=int,
-        default=1,
-        help="launch each scenario N times with fresh workers and pool the samples (default 1)",
-    )
-    group.addoption(
-        "--perf-confirm",
-        metavar="N",
-        type=int,
-        default=1,
-        help="measure an apparent regression N more times; it fails only if every "
-        "confirmation regresses too (default 1; 0 disables)",
-    )
-    gate.add_options(group)  # --perf-allow-unjudged, and the deprecated --perf-fail-unreliable
-    group.addoption(
-        "--perf-gpu-busy",
-        choices=("warn", "error", "ignore"),
-        default="warn",
-        help="what to do when other processes use the GPUs before a run (default warn)",
-    )
-    group.addoption(
-        "--perf-inject-slowdown",
-        metavar="PCT",
-        type=float,
-        default=0.0,
-        help="self-test of the gate: workers do PCT%% more real device work per step",
-    )
-    group.addoption(
-        "--perf-device-wait",
-        metavar="SECONDS",
-        type=float,
-        default=600.0,
-        help="how long a launch waits for GPUs another perfsuite run on this host holds, "
-        "then fails naming that run (default 600)",
-    )
-    group.addoption(
-        "--perf-launcher",
-        choices=("local", "torchrun", "slurm"),
-        default="local",
-        help="how workers start: one torchrun agent here (local), --perf-nnodes agents "
-        "rendezvousing at --perf-rdzv-endpoint (torchrun), or one agent per node via srun (slurm)",
-    )
-    group.addoption("--perf-nnodes", metavar="N", type=int, default=1, help="nodes (torchrun launcher)")
-    group.addoption("--perf-nproc-per-node", metavar="N", type=int, help="ranks per node (default: world_size / nodes)")
-    group.addoption(
-        "--perf-rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous endpoint (default: a free loopback port)"
-    )
-    group.addoption(
-        "--perf-local-agents",
-        metavar="N",
-        type=int,
-        help="torchrun agents to start on this host (default: all --perf-nnodes, i.e. one host)",
-    )
-    group.addoption(
-        "--perf-calibrate",
-        action="store_true",
-        help="record baselines with tolerances derived from the spread between "
-        "--perf-repeats launches (3 sigma); see 'python -m perfsuite calibrate'",
-    )
-    maxbatch.add_options(group)  # --perf-find-max-batch and its bounds
-    abtest.add_options(group)  # --perf-env, --perf-ab and its tolerance and self-test
-    group.addoption(
-        "--perf-gpu-hour-price",
-        metavar="PRICE",
-        type=float,
-        help="price of one GPU (cpu: one rank) for one hour, for cost per sample and the cost ranking "
-        "(ini: perf_gpu_hour_price; default: the profile's gpu_hour_price)",
-    )
-    group.addoption("--perf-currency", metavar="CODE", help="currency of the price (ini: perf_currency)")
-    group.addoption(
-        "--perf-job",
-        metavar="SAMPLES[xEPOCHS]",
-        help="a job to estimate for every configuration, e.g. 2048x2: its time and cost are "
-        "ranked per group (ini: perf_job)",
-    )
-    parser.addini("perf_gpu_hour_price", "price of one GPU-hour (see --perf-gpu-hour-price)", default="")
-    parser.addini("perf_currency", "currency of perf_gpu_hour_price", default="")
-    parser.addini("perf_job", "SAMPLES[xEPOCHS] job to estimate (see --perf-job)", default="")
+    options.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "perfsuite: a perfsuite benchmark scenario")
-    _check_number(config, "--perf-timeout", "a positive number of seconds", lambda x: x > 0)
-    if config.getoption("--perf-repeats") < 1:
-        raise pytest.UsageError(f"--perf-repeats must be >= 1, got {config.getoption('--perf-repeats')}")
-    if config.getoption("--perf-confirm") < 0:
-        raise pytest.UsageError(f"--perf-confirm must be >= 0, got {config.getoption('--perf-confirm')}")
-    _check_number(config, "--perf-device-wait", ">= 0 seconds", lambda x: x >= 0)
-    _check_number(config, "--perf-inject-slowdown", "a non-negative percentage", lambda x: x >= 0)
-    for flag in ("--perf-nnodes", "--perf-nproc-per-node", "--perf-local-agents"):
-        value = config.getoption(flag)
-        if value is not None and value < 1:
-            raise pytest.UsageError(f"{flag} must be >= 1, got {value}")
-    if config.getoption("--perf-launcher") == "local" and config.getoption("--perf-nnodes") > 1:
-        raise pytest.UsageError("--perf-nnodes > 1 needs --perf-launcher=torchrun or slurm")
-    _check_endpoint(config)
-    _check_baselines(config)
-    if config.getoption("--perf-accept-oom") and not (
-        config.getoption("--perf-update-baselines") or config.getoption("--perf-calibrate")
-    ):
-        raise pytest.UsageError("--perf-accept-oom records a baseline: use it with --perf-update-baselines")
-    if config.getoption("--perf-calibrate") and config.getoption("--perf-repeats") < 2:
-        raise pytest.UsageError("--perf-calibrate needs --perf-repeats N with N >= 2 to see the spread")
-    maxbatch.check_options(config)
-    gate.check_options(config)
+    options.check_options(config)
     config.stash[ENVS_KEY] = abtest.check_options(config)
-    _job(config)  # fail fast on a malformed --perf-job
     if config.getoption("--perf-profile"):
-        _profile(config)  # fail fast on an unknown profile name
-    config.stash[LAUNCHER_KEY] = _launcher(config)  # e.g. slurm outside an allocation
-
-
-def _check_baselines(config: pytest.Config) -> None:
-    """A ``--perf-baselines`` folder that does not exist is a typo unless this run records into it:
-    judged against nothing, every scenario would skip as no_baseline."""
-    given = config.getoption("--perf-baselines")
-    records = config.getoption("--perf-update-baselines") or config.getoption("--perf-calibrate")
-    reads = not (config.getoption(abtest.FLAG) or config.getoption(maxbatch.FLAG))
-    if given and reads and not records and not Path(given).is_dir():
-        raise pytest.UsageError(
-            f"--perf-baselines {given}: no such folder. Give the folder that holds <profile>/<group>.json "
-            "(default <rootdir>/baselines), or record into it with --perf-update-baselines"
-        )
-
-
-def _check_endpoint(config: pytest.Config) -> None:
-    """``--perf-rdzv-endpoint``: HOST:PORT, for the torchrun launcher only (the
-    local one takes a free loopback port, Slurm's the allocation's first node)."""
-    value = config.getoption("--perf-rdzv-endpoint")
-    if value is None:
-        return
-    if config.getoption("--perf-launcher") != "torchrun":
-        raise pytest.UsageError(
-            "--perf-rdzv-endpoint only applies with --perf-launcher=torchrun "
-            f"(--perf-launcher={config.getoption('--perf-launcher')} chooses its own endpoint)"
-        )
-    host, _, port = value.rpartition(":")
-    bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
-    if not host.strip("[]") or bare_ipv6 or not port.isdigit() or not 0 < int(port) < 65536:
-        raise pytest.UsageError(
-            f"--perf-rdzv-endpoint takes HOST:PORT with a port in 1-65535 (an IPv6 host in brackets), got {value!r}"
-        )
-
-
-def _check_number(config: pytest.Config, flag: str, what: str, ok: Callable[[float], bool]) -> None:
-    """A float flag's value: nan passes no comparison and inf is no setting, so both are refused."""
-    value = config.getoption(flag)
-    if value is not None and not (math.isfinite(value) and ok(value)):
-        raise pytest.UsageError(f"{flag} must be {what}, got {value}")
-
-
-def _fingerprint(config: pytest.Config) -> dict[str, Any]:
-    if FINGERPRINT_KEY not in config.stash:
-        config.stash[FINGERPRINT_KEY] = machine_fingerprint()
-    return config.stash[FINGERPRINT_KEY]
-
-
-def _profile(config: pytest.Config) -> HardwareProfile:
-    if PROFILE_KEY in config.stash:
-        return config.stash[PROFILE_KEY]
-    fingerprint = _fingerprint(config)
-    registry = ProfileRegistry()
-    for extra in config.hook.pytest_perfsuite_profiles():
-        registry = registry.with_extra(extra or [])
-    name = (
-        config.getoption("--perf-profile")
-        or config.hook.pytest_perfsuite_hardware_key(fingerprint=fingerprint)
-        or profile_for(fingerprint)
-    )
-    try:
-        profile = registry.get(name, fingerprint)
-    except ProfileError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    profile = _priced(config, profile)
-    config.stash[PROFILE_KEY] = profile
-    return profile
-
-
-def _priced(config: pytest.Config, profile: HardwareProfile) -> HardwareProfile:
-    """The profile with the price and currency the command line or ini set."""
-    price: Any = config.getoption("--perf-gpu-hour-price")
-    if price is None and config.getini("perf_gpu_hour_price"):
-        try:
-            price = float(config.getini("perf_gpu_hour_price"))
-        except ValueError:
-            raise pytest.UsageError(
-                f"ini option perf_gpu_hour_price must be a number, got {config.getini('perf_gpu_hour_price')!r}"
-            ) from None
-    if price is not None and not (math.isfinite(price) and price >= 0):
-        raise pytest.UsageError(f"--perf-gpu-hour-price (ini: perf_gpu_hour_price) must be >= 0, got {price}")
-    currency = config.getoption("--perf-currency") or config.getini("perf_currency") or profile.currency
-    return replace(profile, gpu_hour_price=price if price is not None else profile.gpu_hour_price, currency=currency)
-
-
-def _job(config: pytest.Config) -> Job | None:
-    """The job named by --perf-job / perf_job, e.g. ``2048x2`` (None if none)."""
-    text = config.getoption("--perf-job") or config.getini("perf_job")
-    if not text:
-        return None
-    samples, _, epochs = str(text).partition("x")
-    try:
-        job = Job(int(samples), int(epochs or 1))
-    except ValueError:
-        job = Job(0)
-    if job.samples < 1 or job.epochs < 1:
-        raise pytest.UsageError(
-            f"--perf-job must be SAMPLES or SAMPLESxEPOCHS with positive ints, e.g. 2048x2; got {text!r}"
-        )
-    return job
+        machine.profile(config)  # fail fast on an unknown profile name
+    config.stash[LAUNCHER_KEY] = machine.launcher(config)  # e.g. slurm outside an allocation
 
 
 def _compare(config: pytest.Config) -> Any:
@@ -341,39 +81,12 @@ def _extra_metrics(config: pytest.Config) -> Any:
     def extra(result: ScenarioResult, ceilings: Ceilings) -> dict[str, Any]:
         merged: dict[str, Any] = {}
         for found in config.hook.pytest_perfsuite_extra_metrics(
-            result=result, fingerprint=_fingerprint(config), profile=_profile(config), ceilings=ceilings
+            result=result, fingerprint=machine.fingerprint(config), profile=machine.profile(config), ceilings=ceilings
         ):
             merged.update(found or {})
         return merged
 
     return extra
-
-
-@pytest.hookimpl
-def pytest_perfsuite_extra_metrics(
-    result: ScenarioResult, fingerprint: dict[str, Any], profile: HardwareProfile, ceilings: Ceilings
-) -> dict[str, Any] | None:
-    """perfsuite's default: for a GPU training run, MFU (Megatron's FLOP
-    formula, named in the value, against the GPU's datasheet peak); for a GPU
-    microbenchmark, its fraction of the datasheet peak; for a training run on
-    any device, its achieved TFLOP/s against the best matmul this session measured."""
-    if result.metrics is None:
-        return None
-    config = result.scenario.to_config()
-    gpus = fingerprint.get("gpus") or []
-    extra: dict[str, Any] = {}
-    if profile.device == "cuda" and gpus and "model" in config:
-        extra["mfu"] = mfu(config, result.metrics.step_time_median_s, gpus[0]["name"], profile.peak_tflops)
-    if profile.device == "cuda" and gpus and config["kind"] in ("microbench", "membw"):
-        extra["peak"] = of_peak(config, result.metrics.value(result.scenario.primary), gpus[0]["name"])
-    ceiling = ceilings.fraction(config, result.metrics.step_time_median_s)
-    if ceiling is not None:
-        extra["ceiling"] = ceiling
-    values = {name: result.metrics.value(name) for name in result.metrics.values}
-    cost = cost_of(config, values, result.metrics.health, profile.gpu_hour_price, profile.currency)
-    if cost is not None:
-        extra["cost"] = cost
-    return extra or None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -398,7 +111,7 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         baselines = config.getoption("--perf-baselines")
         envs: dict[str, PythonEnv] = config.stash[ENVS_KEY]
         settings = RunSettings(
-            profile=_profile(config),
+            profile=machine.profile(config),
             baselines_dir=Path(baselines) if baselines else config.rootpath / "baselines",
             update_baselines=config.getoption("--perf-update-baselines"),
             timeout_s=config.getoption("--perf-timeout"),
@@ -413,13 +126,13 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             device_wait_s=config.getoption("--perf-device-wait"),
             **gate.contention_settings(config),
         )
-        _check_xdist(config)
-        _check_gpus_idle(config)
+        guards.check_xdist(config)
+        guards.check_gpus_idle(config)
         gate.load_quarantine(config, settings.baselines_dir, settings.profile.name)
-        request.addfinalizer(_stop_on_sigterm())
+        request.addfinalizer(guards.stop_on_sigterm())
         launcher = config.stash[LAUNCHER_KEY]
         config.stash[SESSION_KEY] = PerfSession(
-            settings, _fingerprint(config), launcher, _compare(config), _extra_metrics(config), _progress(config)
+            settings, machine.fingerprint(config), launcher, _compare(config), _extra_metrics(config), _progress(config)
         )
     return config.stash[SESSION_KEY]
 
@@ -437,72 +150,6 @@ def _progress(config: pytest.Config) -> Progress:
             reporter.write(text, flush=True)  # raw: no newline
 
     return Progress(write, width=shutil.get_terminal_size().columns)
-
-
-def _stop_on_sigterm() -> Callable[[], None]:
-    """Make SIGTERM (a cancelled CI job, Slurm's scancel) stop the run as Ctrl-C
-    does, so the launcher's cleanup stops every agent and rank before pytest
-    exits; by default SIGTERM ends the process at once and orphans them. Left
-    alone when someone else already handles SIGTERM, or off the main thread.
-    Returns the finalizer that restores the previous handler."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous not in (signal.SIG_DFL, None):
-        return lambda: None
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"perfsuite: {signal.Signals(signum).name} received, stopping the run")
-
-    signal.signal(signal.SIGTERM, interrupt)
-
-    def restore() -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    return restore
-
-
-def _launcher(config: pytest.Config) -> Launcher:
-    kind = config.getoption("--perf-launcher")
-    nproc = config.getoption("--perf-nproc-per-node")
-    try:
-        if kind == "slurm":
-            return SlurmLauncher.from_env(nproc)
-    except TopologyError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    if kind == "local":
-        return LocalTorchrun()
-    topology = Topology(
-        nnodes=config.getoption("--perf-nnodes"),
-        nproc_per_node=nproc,
-        rdzv_endpoint=config.getoption("--perf-rdzv-endpoint"),
-        local_agents=config.getoption("--perf-local-agents"),
-    )
-    return TorchrunLauncher(topology)
-
-
-def _check_xdist(config: pytest.Config) -> None:
-    """Scenarios on several pytest-xdist workers at once would measure each other."""
-    worker = getattr(config, "workerinput", None)
-    if worker is not None:
-        pytest.fail(
-            f"perfsuite scenarios cannot run under pytest-xdist (this is worker {worker.get('workerid', '?')}): "
-            "parallel scenarios share the machine and measure each other. Run them without -n "
-            "(or with -p no:xdist); perfsuite's own self-tests may use -n, scenarios may not.",
-            pytrace=False,
-        )
-
-
-def _check_gpus_idle(config: pytest.Config) -> None:
-    mode = config.getoption("--perf-gpu-busy")
-    busy = foreign_gpu_processes() if mode != "ignore" else []
-    if not busy:
-        return
-    listing = ", ".join(f"pid {p['pid']} on GPU {p['gpu']} ({p['used_mib']} MiB)" for p in busy)
-    message = f"other processes use the GPUs, timings will be skewed: {listing}"
-    if mode == "error":
-        pytest.fail(message + " (--perf-gpu-busy=error)", pytrace=False)
-    warnings.warn(BusyGpuWarning(message), stacklevel=1)
 
 
 class Perf:
@@ -609,12 +256,12 @@ def _session_summary(terminalreporter: Any, config: pytest.Config, session: Perf
         terminalreporter.write_sep("-", "perfsuite relations")
         for line in relation_lines(session.relations.values()):
             terminalreporter.write_line(line)
-    ranked = ranking(session.results.values(), _job(config))
+    ranked = ranking(session.results.values(), options.job(config))
     if ranked:
         price = session.profile.gpu_hour_price
         priced = f"{price:g} {session.profile.currency} per GPU-hour" if price is not None else "no price set"
         terminalreporter.write_sep("-", f"perfsuite cost and time ranking ({priced})")
-        for line in ranking_lines(ranked, _job(config)):
+        for line in ranking_lines(ranked, options.job(config)):
             terminalreporter.write_line(line)
     why = nothing_measured(session)
     if why:
@@ -669,11 +316,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # an A/B that compared nothing proves nothing
     if not path and perf is None:
         return
-    fingerprint = perf.current_fingerprint() if perf else _fingerprint(config)
+    fingerprint = perf.current_fingerprint() if perf else machine.fingerprint(config)
     results = list(perf.results.values()) if perf else []
     relations = [r.to_json() for r in perf.relations.values()] if perf else []
     ceilings = perf.ceilings.to_json() if perf else {}
-    ranked = ranking(results, _job(config))
+    ranked = ranking(results, options.job(config))
     profile = perf.profile.name if perf else ""
     document = results_document(
         fingerprint,

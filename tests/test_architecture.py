@@ -59,6 +59,10 @@ PYTEST_SIDE = (
     "perfsuite.coverage",
     "perfsuite.quarantine",
     "perfsuite.definition",
+    "perfsuite.options",
+    "perfsuite.machine",
+    "perfsuite.guards",
+    "perfsuite.extras",
 )
 Graph = Mapping[str, set[str]]
 
