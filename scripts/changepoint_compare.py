@@ -322,26 +322,26 @@ def resolve(requirements: list[str], python: str, pins: list[str]) -> tuple[list
     with tempfile.TemporaryDirectory() as tmp:
         report_path, constraints = Path(tmp) / "report.json", Path(tmp) / "constraints.txt"
         constraints.write_text("".join(f"{pin}\n" for pin in pins))
-        cmd = [sys.executable, "-c", PIP_FOR_TARGET, json.dumps(env), "install", "-q", "--dry-run"]
+        cmd = [sys.executable, "-c", PIP_FOR_TARGET, json.dumps(env), "install", "--dry-run"]
         cmd += ["--ignore-installed", "--report", str(report_path), "--target", tmp, "-c", str(constraints)]
         done = subprocess.run(
             [*cmd, *platform_flags(python, PLATFORM), *requirements], capture_output=True, text=True, check=False
         )
         if done.returncode:
-            return None, conflict(done.stderr)
+            return None, conflict(done.stdout + "\n" + done.stderr)
         items = json.loads(report_path.read_text())["install"]
     return sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in items), ""
 
 
-def conflict(stderr: str) -> str:
+def conflict(output: str) -> str:
     """pip's reason, short: the requirements in conflict, else its first error."""
-    lines = [line.strip() for line in stderr.splitlines()]
+    lines = [line.strip() for line in output.splitlines()]
     if "The conflict is caused by:" in lines:
         start = lines.index("The conflict is caused by:") + 1
         causes = list(itertools.takewhile(bool, lines[start:]))
         return "; ".join(dict.fromkeys(c.replace("The user requested (constraint)", "pin") for c in causes))
     errors = [line for line in lines if line.startswith("ERROR") and "Ignored the following" not in line]
-    return (errors[0] if errors else stderr.strip()[-200:])[:200]
+    return (errors[0] if errors else output.strip()[-200:])[:200]
 
 
 def wheel_mib(pins: list[str], python: str, cache: Path) -> tuple[float, float]:
