@@ -8,13 +8,18 @@ al., "The Use of Change Point Detection to Identify Software Performance
 Regressions in a Continuous Integration System", ICPE 2020.
 
 Hand-written on numpy because the library implementations do not install
-beside this stack: MongoDB's ``signal-processing-algorithms`` pins numpy<2,
-setuptools<71 and Python 3.11 only and pulls in gevent; ``apache-otava`` pulls
-in Google Cloud and Postgres clients. The algorithm is short:
+beside this stack (docs/design/changepoint.md has the comparison and its
+figures): MongoDB's ``signal-processing-algorithms`` 2.1.6 is an sdist for
+Python 3.11 only that pins numpy<2 and setuptools<71 and pulls in gevent;
+``apache-otava`` 0.8.0 pins numpy==2.2.0.* and scipy<1.17 (the GPU image has
+numpy 2.5.2, scipy 1.18.1) and pulls in Google Cloud, Postgres and Slack
+clients, 43 packages. On the same series this module finds what Otava's
+permutation-tested e-divisive finds. The algorithm is short:
 
-1. For a segment ``Z`` of length ``m`` and every split ``tau``, the energy
-   distance between ``X = Z[:tau]`` and ``Y = Z[tau:]``, scaled by the sizes,
-   ``Q(tau) = tau (m - tau) / m * (2 E|X - Y|^a - E|X - X'|^a - E|Y - Y'|^a)``.
+1. For a segment ``Z`` and every split ``tau`` and end ``kappa``, the energy
+   distance between ``X = Z[:tau]`` and ``Y = Z[tau:kappa]``, scaled by the sizes,
+   ``Q(tau, kappa) = tau (kappa - tau) / kappa * (2 E|X - Y|^a - E|X - X'|^a - E|Y - Y'|^a)``;
+   the split's statistic is its largest over ``kappa``.
 2. The best split of every current segment; the largest ``Q`` is the candidate.
 3. Its significance: the same maximum over permutations of the observations
    within each current segment; ``p = (1 + #{Q_perm >= Q}) / (1 + R)``.
@@ -89,21 +94,28 @@ def _best_split(x: Floats, bounds: Sequence[int], alpha: float, min_size: int) -
 
 
 def q_values(segment: Floats, alpha: float, min_size: int) -> Floats:
-    """Q(tau) for tau = min_size .. m - min_size, from 2-D prefix sums of the
-    distance matrix (O(m^2) for all splits instead of O(m^3))."""
+    """For tau = min_size .. m - min_size, the largest Q(tau, kappa) over the ends
+    kappa of the right part ``Y = Z[tau:kappa]`` (kappa - tau >= min_size), as
+    Matteson & James define the statistic: a change that a later one reverts
+    within the segment (a dip, or 100 -> 80 -> 95) stands out as well as a step.
+    All pairs from 2-D prefix sums of the distance matrix, O(m^2)."""
     m = len(segment)
     if m < 2 * min_size:
         return np.empty(0)
     distances = np.abs(segment[:, None] - segment[None, :]) ** alpha
     prefix = np.zeros((m + 1, m + 1))
     prefix[1:, 1:] = distances.cumsum(0).cumsum(1)
-    tau = np.arange(min_size, m - min_size + 1)
-    rest = m - tau
-    within_left = prefix[tau, tau]  # sum over X x X
-    between = prefix[tau, m] - within_left  # sum over X x Y
-    within_right = prefix[m, m] - 2 * prefix[tau, m] + within_left  # sum over Y x Y (symmetric matrix)
+    diagonal = np.diagonal(prefix)  # diagonal[i]: sum over Z[:i] x Z[:i]
+    tau = np.arange(min_size, m - min_size + 1)[:, None]
+    kappa = np.arange(2 * min_size, m + 1)[None, :]
+    valid = kappa - tau >= min_size
+    rest = np.where(valid, kappa - tau, 2)  # |Y|; 2 where (tau, kappa) is no split, masked below
+    within_left = diagonal[tau]  # sum over X x X
+    corner = prefix[tau, kappa]  # sum over Z[:tau] x Z[:kappa]
+    between = corner - within_left  # sum over X x Y
+    within_right = diagonal[kappa] - 2 * corner + within_left  # sum over Y x Y (symmetric matrix)
     energy = 2 * between / (tau * rest) - within_left / (tau * (tau - 1)) - within_right / (rest * (rest - 1))
-    q: Floats = tau * rest / m * energy
+    q: Floats = np.where(valid, tau * rest / kappa * energy, -np.inf).max(axis=1)
     return q
 
 
