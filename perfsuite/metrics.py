@@ -153,9 +153,10 @@ register(
         across_launches="pool",
         spread=True,
         # Recorded and reported, not gated by default: on the 2-core VM it
-        # drifted between runs as much as samples/s did (README, "Trusting the
-        # gate"), so gating it would add false alarms, not sensitivity. A
-        # profile, scenario or baseline tolerance gates it where it helps.
+        # drifted between runs as much as samples/s did
+        # (docs/lab/reference-workload.md), so gating it would add false
+        # alarms, not sensitivity. A profile, scenario or baseline tolerance
+        # gates it where it helps.
         description="samples per reference-time: samples/s x the launch's mean time of the fixed reference "
         "workload (SHA-256 of RankJob.reference_mib MiB on one core) run after each measured step; "
         "cancels the host's drift and contention",

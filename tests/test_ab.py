@@ -109,7 +109,7 @@ def test_a_scenario_runs_in_its_environment_with_baselines_apart(project: pytest
 
 
 # These check the mechanism, not the sensitivity (measured on a quiet machine:
-# README, "Other Python environments"). The pass case runs beside other tests
+# docs/guide/ab.md). The pass case runs beside other tests
 # (xdist), whose load can swing a tiny scenario's launches by 3x (once the
 # twin's by 2-20x: -78%, p=0.014), so it uses a wide tolerance, and a
 # regression seen then is unreliable: the launches name the contention.

@@ -13,6 +13,7 @@ catch a planted violation.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -198,3 +199,23 @@ def test_the_pytest_process_imports_no_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_docs_diagram_is_the_real_import_graph() -> None:
+    # docs/design/architecture.md holds exactly what the generator draws from the source.
+    sys.path.insert(0, str(PACKAGE.parent / "scripts"))
+    import architecture_diagram
+
+    drawn = architecture_diagram.current(architecture_diagram.DOC.read_text())
+    assert drawn == architecture_diagram.diagram(import_graph()), (
+        "the diagram is out of date: python scripts/architecture_diagram.py --write"
+    )
+    assert "options --> gate" in drawn and "worker --> shared" in drawn
+
+
+def test_the_readme_module_table_names_every_module() -> None:
+    readme = (PACKAGE.parent / "README.md").read_text()
+    table = readme[readme.index("## Where things live") :].split("\n## ")[0]
+    named = {name.split("/")[0] for name in re.findall(r"`([\w/]+?)(?:\.py)?/?`", table)}
+    tops = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert tops - named - {"__init__"} == set(), "add them to README's 'Where things live'"

@@ -26,7 +26,7 @@ SCHEMA_VERSION = 1
 FILENAME = "bootstrap-costs.json"
 #: Seconds of one launch by workload kind, before anything was measured here,
 #: rounded up from what was measured elsewhere. cpu: a 4-minute bootstrap on
-#: the 2-core VM (README, "A new GPU runner"; train 3.6-8.6 s, microbench
+#: the 2-core VM (docs/lab/bootstrap-timings.md; train 3.6-8.6 s, microbench
 #: 1.5-4.2, the gloo collective 2.5, a cold compile row 10.8). cuda: the first
 #: H200 run (docs/gpu-runs/2026-11-26-nvidia-h200-x1; seed shapes on one GPU:
 #: train 16-29 s, microbench 10-14, copy 7); collectives were not measured.
