@@ -700,10 +700,14 @@ def _still_contended(judgement: Judgement, busy: list[str], waited: Quiet | None
 
 
 def _unconfirmed(judgement: Judgement, attempts: list[dict[str, Any]]) -> Judgement:
-    first = attempts[0]
+    first = next(a for a in attempts if a["verdict"] == "regression")
+    if judgement.verdict == "unreliable":  # the confirmation could not be judged: neither noise nor a regression
+        outcome = "could not be judged, so neither is"
+    else:
+        outcome = "did not reproduce it: treated as noise"
     note = (
-        f"first measurement looked like a regression ({first['message']}) but confirmation "
-        f"measurement {len(attempts) - 1} did not reproduce it: treated as noise. "
+        f"a measurement looked like a regression ({first['message']}) but confirmation "
+        f"measurement {len(attempts) - 1} {outcome}. "
     )
     return Judgement(judgement.verdict, note + judgement.message, judgement.checks, judgement.stack_changes)
 

@@ -188,3 +188,22 @@ def test_the_deprecated_flag_still_works_and_says_it_is_deprecated(pytester: pyt
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--perf-profile=cpu", "--perf-fail-unreliable")
     result.assert_outcomes(passed=1)
     result.stderr.fnmatch_lines(["*DeprecatedOptionWarning: --perf-fail-unreliable is deprecated*"])
+
+
+class QuietThenBusy(FakeLauncher):
+    """The first launch on a quiet host, every later one under load."""
+
+    def run(self, job: Any) -> Any:
+        self.health = busy() if self.count >= 1 else {}
+        return super().run(job)
+
+
+def test_a_confirmation_spoilt_by_contention_is_not_called_noise(tmp_path: Path) -> None:
+    record(tmp_path, STEADY)
+    perf, _ = session(tmp_path, [], confirm=1, contention_retries=0)
+    perf.launcher = QuietThenBusy([SLOW, SLOW])  # type: ignore[misc]
+    result = perf.run(SCENARIO)
+    assert [a["verdict"] for a in result.attempts] == ["regression", "unreliable"]
+    assert result.verdict == "unreliable"
+    assert "confirmation measurement 1 could not be judged, so neither is" in result.judgement.message
+    assert "treated as noise" not in result.judgement.message
