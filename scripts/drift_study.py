@@ -14,12 +14,13 @@ same-session ratios moved:
 A reference that follows the drift keeps its ratio within +-10% while raw
 samples/s moves by tens of percent.
 
-    python scripts/drift_study.py run1.json run2.json run3.json [--markdown]
+    python scripts/drift_study.py docs/lab/drift/*.json.gz
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,9 @@ from typing import Any
 
 
 def load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
+    """A results file, plain or gzipped (docs/lab/drift/ keeps them gzipped)."""
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    return dict(json.loads(raw))
 
 
 def samples_per_s(result: Mapping[str, Any]) -> float | None:
