@@ -110,7 +110,10 @@ def submit_pipeline(hosts: Hosts, project: pytest.Pytester, steps: int, *args: s
     project.makepyfile(test_bench=PIPELINE.replace("STEPS", str(steps)))
     basetemp = f"--basetemp={project.path / 'tmp'}"  # on the filesystem both hosts share
     script = pytest_script(
-        project.path / "job.sh", project.path, ["-rA", CPU_PROFILE, "--perf-launcher=slurm", basetemp, *args]
+        project.path / "job.sh",
+        project.path,
+        # The launch is under test, not the judgement: no baseline here, and that must not fail the job.
+        ["-rA", CPU_PROFILE, "--perf-launcher=slurm", "--perf-allow-unjudged", basetemp, *args],
     )
     log = project.path / "job.out"
     return submit(hosts.cluster, script, *ALLOCATION, f"--output={log}"), log
