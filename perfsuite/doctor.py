@@ -30,12 +30,12 @@ import pytest
 
 from perfsuite.engines import ENGINES, EngineSpec
 from perfsuite.fingerprint import machine_fingerprint
+from perfsuite.fitting import fit_to_hardware, launch_precondition
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.torchrun import LocalTorchrun
 from perfsuite.models import ModelSpec
 from perfsuite.profiles import HardwareProfile, ProfileError, ProfileRegistry, profile_for
 from perfsuite.protocol import RankJob
-from perfsuite.session import fit_to_hardware, launch_precondition
 from perfsuite.workloads import BaseScenario, Precision, Scenario, ScenarioError
 
 SMOKE_TIMEOUT_S = 180.0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import math
 import os
 import sys
 import tempfile
@@ -36,22 +35,17 @@ from perfsuite.compare import (
 from perfsuite.contention import Quiet, contended, wait_for_quiet
 from perfsuite.envs import CURRENT, PythonEnv, build_hint, parse_envs
 from perfsuite.fingerprint import stack_changes, tracked_packages
+from perfsuite.fitting import fit_to_hardware, launch_precondition
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob, devicelock
 from perfsuite.launch.procs import launcher_env
-from perfsuite.launch.torchrun import LocalTorchrun, Topology, TopologyError, TorchrunLauncher
-from perfsuite.nvmlcodes import HARMLESS_REASONS
+from perfsuite.launch.torchrun import LocalTorchrun, Topology, TorchrunLauncher
 from perfsuite.profiles import HardwareProfile
 from perfsuite.progress import Progress
 from perfsuite.protocol import RankJob
 from perfsuite.relations import Relation, RelationOutcome, evaluate
 from perfsuite.stats import ScenarioMetrics, Summary, aggregate, pool
+from perfsuite.trustworthy import calibrated_tolerances, untrustworthy
 from perfsuite.workloads.base import BaseScenario
-
-#: Calibrated tolerance = this many standard deviations of the difference of
-#: two independent measurements (sqrt(2) x the between-launch CV), Megatron's
-#: 3-sigma rule applied to "new run vs stored baseline".
-CALIBRATION_SIGMAS = 3.0
-TOLERANCE_CEILING = 0.9
 
 
 @dataclass(frozen=True)
@@ -559,95 +553,6 @@ class PerfSession:
         return evaluate(relation, left, right)
 
 
-def fit_to_hardware(
-    scenario: BaseScenario, profile: HardwareProfile, fingerprint: Mapping[str, Any], topology: Topology | None
-) -> BaseScenario:
-    """On a GPU profile, the scenario at a world size this machine's GPUs hold
-    (all nodes' under a multi-node launcher); elsewhere unchanged."""
-    if profile.device != "cuda":
-        return scenario
-    return scenario.fit(gpu_capacity(fingerprint, topology)[0])
-
-
-def gpu_capacity(fingerprint: Mapping[str, Any], topology: Topology | None) -> tuple[int, str]:
-    """GPUs a run can use (every node with this host's GPUs, split among the
-    agents that share this host), and how that count came about."""
-    gpus = int(fingerprint.get("gpu_count", 0))
-    if topology is None:
-        return gpus, f"1 node(s) here have {gpus}"
-    sharing = topology.hosts_sharing
-    per_node = gpus // sharing
-    if sharing > 1:
-        where = f"{topology.nnodes} node(s) emulated on this host share its {gpus} GPU(s): {per_node} each"
-        return per_node * topology.nnodes, where
-    return per_node * topology.nnodes, f"{topology.nnodes} node(s) here have {per_node * topology.nnodes}"
-
-
-def launch_precondition(
-    scenario: BaseScenario, profile: HardwareProfile, fingerprint: Mapping[str, Any], topology: Topology | None
-) -> str:
-    """Why ``scenario`` (resolved for ``profile``) cannot run here, or "" if it can."""
-    keys = profile.variant_keys
-    if scenario.only_on and not set(scenario.only_on) & set(keys):
-        return f"runs on {', '.join(scenario.only_on)} profiles only; this is {profile.name}"
-    reason = scenario.precondition(profile.device)
-    if reason:
-        return reason
-    if profile.max_world_size and scenario.world_size > profile.max_world_size:
-        return (
-            f"needs {scenario.world_size} ranks; profile {profile.name} runs at most "
-            f"{profile.max_world_size} (one machine's cores)"
-        )
-    if profile.device == "cuda":
-        gpus, where = gpu_capacity(fingerprint, topology)
-        if scenario.world_size > gpus:
-            sizes = sorted({scenario.world_size, *scenario.world_sizes})
-            need = (
-                f"at least {sizes[0]} GPUs (runs on {', '.join(map(str, sizes))})"
-                if len(sizes) > 1
-                else f"{sizes[0]} GPUs"
-            )
-            return f"needs {need}, {where}"
-    if topology is not None:
-        try:
-            topology.ranks_per_node(scenario.world_size)
-        except TopologyError as exc:
-            return str(exc)
-    return ""
-
-
-def untrustworthy(metrics: ScenarioMetrics) -> str:
-    """Why this measurement cannot be judged at all ("" if it can)."""
-    return throttled(metrics) or too_many_skipped(metrics)
-
-
-def throttled(metrics: ScenarioMetrics) -> str:
-    """GPU clock events that slow the card (power cap, thermal, hardware
-    slowdown; not sync boost) seen by NVML during the measured steps."""
-    hits = [
-        f"rank {h['rank']}: {', '.join(r for r in h['throttle_reasons'] if r not in HARMLESS_REASONS)}"
-        for h in metrics.health
-        if h.get("throttled")
-    ]
-    if not hits:
-        return ""
-    return (
-        f"GPU throttled during the measured steps ({'; '.join(hits)}): the timings measure the card's "
-        "clocks, not the stack; check cooling, power limits and other jobs (not recorded as a baseline)"
-    )
-
-
-def too_many_skipped(metrics: ScenarioMetrics) -> str:
-    """Why the throughput of a run with most updates skipped cannot be judged ("" if it can)."""
-    measured = len(metrics.step_times_s) + metrics.skipped_steps
-    if metrics.skipped_steps * 2 <= measured:
-        return ""
-    return (
-        f"{metrics.skipped_steps} of {measured} measured steps skipped their optimizer update on fp16 "
-        "loss-scale overflow; the applied steps left are too few to judge (and such a run is not recorded)"
-    )
-
-
 def baseline_metrics(metrics: ScenarioMetrics) -> dict[str, Any]:
     """Every measured metric as a baseline stores it: {mean, std, n} where kept
     with its spread, else the number (floats to 6 significant digits)."""
@@ -710,34 +615,6 @@ def _unconfirmed(judgement: Judgement, attempts: list[dict[str, Any]]) -> Judgem
         f"measurement {len(attempts) - 1} {outcome}. "
     )
     return Judgement(judgement.verdict, note + judgement.message, judgement.checks, judgement.stack_changes)
-
-
-def calibrated_tolerances(
-    metrics: ScenarioMetrics, defaults: Mapping[str, float], floor: Callable[[str], float]
-) -> tuple[dict[str, float], dict[str, Any]]:
-    """Tolerances from the spread between launches (needs ``--perf-repeats`` >= 2).
-
-    Noisy metrics that are gated get 3 sigma of the difference of two launches,
-    clamped to [the profile's floor, 90%]; exact ones keep their default (they
-    do not vary).
-    """
-    repeats = metrics.repeats
-    if len(repeats) < 2:
-        raise BaselineError("calibration needs at least 2 repeats: pass --perf-repeats N with N >= 2")
-    tolerances: dict[str, float] = {}
-    spread: dict[str, Any] = {"repeats": len(repeats)}
-    for name, default in defaults.items():
-        if not registry.get(name).noisy:
-            tolerances[name] = default
-            continue
-        if name not in repeats[0]:
-            continue  # not measured here (samples_per_ref where no reference runs)
-        cv = Summary.of([r[name] for r in repeats]).cv
-        spread[f"cv_{name}"] = cv
-        tolerance = CALIBRATION_SIGMAS * math.sqrt(2) * cv
-        spread[f"floor_{name}"] = floor(name)
-        tolerances[name] = round(min(TOLERANCE_CEILING, max(floor(name), tolerance)), 3)
-    return tolerances, spread
 
 
 __all__ = ["BaselineError", "PerfSession", "RunSettings", "ScenarioResult"]

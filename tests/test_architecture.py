@@ -64,6 +64,8 @@ PYTEST_SIDE = (
     "perfsuite.machine",
     "perfsuite.guards",
     "perfsuite.extras",
+    "perfsuite.fitting",
+    "perfsuite.trustworthy",
 )
 Graph = Mapping[str, set[str]]
 

@@ -239,8 +239,8 @@ def test_emulated_nodes_on_one_gpu_host_get_disjoint_gpus(tmp_path: Path) -> Non
 
 
 def test_emulated_nodes_share_the_host_gpus_and_refuse_before_launch() -> None:
+    from perfsuite.fitting import launch_precondition
     from perfsuite.profiles import gpu_profile
-    from perfsuite.session import launch_precondition
 
     scenario = Scenario("g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=1,
                         global_batch=2, seq_len=16)  # fmt: skip

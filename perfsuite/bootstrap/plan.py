@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from perfsuite.fitting import fit_to_hardware, launch_precondition
 from perfsuite.profiles import HardwareProfile
-from perfsuite.session import fit_to_hardware, launch_precondition
 from perfsuite.workloads import BaseScenario
 
 StepKind = Literal["doctor", "ceilings", "baseline", "cv", "selftest", "report"]
