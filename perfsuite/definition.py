@@ -12,10 +12,11 @@ torch-free.
 from __future__ import annotations
 
 import importlib.metadata
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from perfsuite.exports.vcs import current_commit
 
 #: Config keys that describe or measure rather than define the work: notes and
 #: formula texts, names, the spec before fitting, what is derived from the
@@ -52,16 +53,12 @@ def _show(value: Any) -> str:
 
 
 def provenance(folder: Path) -> dict[str, Any]:
-    """Where a baseline comes from besides its fingerprint: the perfsuite version and the git
-    commit of the checkout holding ``folder`` (None outside git, or without git)."""
+    """Where a baseline comes from besides its fingerprint: the perfsuite version, and the git
+    commit of the checkout holding ``folder`` and whether it had uncommitted changes (None
+    and False outside git, or without git)."""
     try:
         version: str | None = importlib.metadata.version("perfsuite")
     except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
         version = None
-    try:
-        done = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=False)  # fmt: skip
-        commit = done.stdout.strip() if done.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {"perfsuite": version, "commit": commit}
+    commit = current_commit(folder)
+    return {"perfsuite": version, "commit": commit.id, "dirty": commit.dirty}

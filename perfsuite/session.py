@@ -9,6 +9,7 @@ relation check and the scenario's own test share a single measurement.
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import os
 import sys
@@ -170,7 +171,6 @@ class PerfSession:
         #: Waits for a quiet host (tests replace it); seconds waited so far in this session.
         self.wait_for_quiet: Callable[[float, float, float], Quiet] = wait_for_quiet
         self.waited_s = 0.0
-        self.provenance: dict[str, Any] = {}
         self._workroot = settings.workdir or Path(tempfile.mkdtemp(prefix="perfsuite-"))
 
     @property
@@ -496,10 +496,10 @@ class PerfSession:
             f"not comparable; re-record it: pytest -k '{scenario.id}' --perf-update-baselines",
         )
 
-    def _provenance(self) -> dict[str, Any]:
-        if not self.provenance:  # one git call per session
-            self.provenance.update(definition.provenance(self.settings.baselines_dir.parent))
-        return self.provenance
+    @functools.cached_property
+    def provenance(self) -> dict[str, Any]:
+        """perfsuite's version and the checkout's commit, read once per session."""
+        return definition.provenance(self.settings.baselines_dir.parent)
 
     def _contended(self, metrics: ScenarioMetrics) -> str:
         """Why ``metrics`` were measured under contention by this profile's limits ("" if they were not)."""
@@ -516,7 +516,7 @@ class PerfSession:
         if result.status == "oom" and scenario.id in self.settings.accept_oom:
             extra["oom_accepted"] = {"by": _who(), "at": _now(), "via": "--perf-accept-oom"}
         extra["definition"] = definition.definition(scenario.to_config())
-        extra["provenance"] = self._provenance()
+        extra["provenance"] = self.provenance
         if result.metrics is not None:
             metrics = baseline_metrics(result.metrics)
             if self.settings.calibrate:
