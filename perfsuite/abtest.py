@@ -9,7 +9,8 @@ ratios (scipy) asks whether the candidate is worse, and a t-interval gives the
 difference with its 95% confidence interval. The scenario's test fails when
 the candidate is significantly worse (p < 0.05) by more than the tolerance
 (``--perf-ab-tolerance``, default 5%) in its headline throughput or its peak
-memory. No baseline is read or written. Pytest side, torch-free.
+memory. No baseline is read or written. :mod:`perfsuite.modes.ab` is the run
+mode that drives it; this module knows no pytest. Torch-free.
 """
 
 from __future__ import annotations
@@ -20,14 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-import pytest
-
 from perfsuite import metrics as registry
-from perfsuite.envs import EnvError, PythonEnv, parse_ab, parse_envs
 from perfsuite.report import table
-from perfsuite.session import PerfSession
-from perfsuite.workloads.base import BaseScenario
 
+FLAG = "--perf-ab"
 ALPHA = 0.05
 CONFIDENCE = 0.95
 Outcome = Literal["pass", "regression", "improved"]
@@ -175,96 +172,3 @@ def summary_lines(results: Sequence[ABResult]) -> list[str]:
         if not r.comparisons:
             rows.append((r.id, "-", "-", "-", "-", f"{r.verdict}: {r.message[:60]}"))
     return table(("scenario", "metric", "change", "95% CI", "p(worse)", "outcome"), rows)
-
-
-# -- the plugin's side: options, the per-scenario check, the session's results -------
-FLAG = "--perf-ab"
-RESULTS_KEY = pytest.StashKey[list[ABResult]]()
-PAIR_KEY = pytest.StashKey[tuple[str, str]]()
-
-
-def add_options(group: Any) -> None:
-    group.addoption(
-        "--perf-env",
-        metavar="NAME=PYTHON",
-        action="append",
-        default=[],
-        help="name a Python environment (its interpreter) that scenarios (field env=) or --perf-ab run ranks in; "
-        "repeatable",
-    )
-    group.addoption(
-        FLAG,
-        metavar="BASE,CANDIDATE",
-        help="interleaved A/B of two environments ('current' is this interpreter): each scenario runs "
-        "A B A B ... for --perf-repeats pairs and fails if the candidate is significantly worse; no baselines",
-    )
-    group.addoption(
-        "--perf-ab-tolerance",
-        metavar="FRACTION",
-        type=float,
-        default=0.05,
-        help="A/B: worse by more than this (relative) and significant is a regression (default 0.05)",
-    )
-    group.addoption(
-        "--perf-ab-inject-slowdown",
-        metavar="PCT",
-        type=float,
-        default=0.0,
-        help="A/B self-test: the candidate's workers do PCT%% more real device work per step",
-    )
-
-
-def check_options(config: pytest.Config) -> dict[str, PythonEnv]:
-    """The named environments; usage errors for bad --perf-env / --perf-ab combinations."""
-    try:
-        envs = parse_envs(config.getoption("--perf-env"))
-        pair = parse_ab(config.getoption(FLAG), envs)
-    except EnvError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    if pair is None:
-        return envs
-    config.stash[PAIR_KEY] = pair
-    for flag in ("--perf-update-baselines", "--perf-calibrate", "--perf-find-max-batch"):
-        if config.getoption(flag):
-            raise pytest.UsageError(f"{FLAG} reads and writes no baselines; it cannot run with {flag}")
-    if config.getoption("--perf-repeats") < 3:
-        raise pytest.UsageError(f"{FLAG} needs --perf-repeats N with N >= 3 pairs for its paired test")
-    if not 0 <= config.getoption("--perf-ab-tolerance") < 1:
-        raise pytest.UsageError("--perf-ab-tolerance must be in [0, 1)")
-    slowdown = config.getoption("--perf-ab-inject-slowdown")
-    if not (math.isfinite(slowdown) and slowdown >= 0):  # nan passes no comparison
-        raise pytest.UsageError(f"--perf-ab-inject-slowdown must be a non-negative percentage, got {slowdown}")
-    return envs
-
-
-def enabled(config: pytest.Config) -> bool:
-    return PAIR_KEY in config.stash
-
-
-def check(session: PerfSession, scenario: BaseScenario, config: pytest.Config) -> ABResult:
-    """A/B one scenario and pass, fail or skip the calling test by its verdict."""
-    base, candidate = config.stash[PAIR_KEY]
-    resolved, skip = session.prepare(scenario)
-    if skip:
-        pytest.skip(f"{scenario.id}: {skip}")
-    slowdown = config.getoption("--perf-ab-inject-slowdown")
-    gated = [resolved.primary, *(m for m in ("peak_mem_mib",) if m in resolved.metrics)]
-    tolerances = {resolved.primary: config.getoption("--perf-ab-tolerance")}
-    tolerances.update({m: session.profile.tolerance(m) or 0.0 for m in gated[1:]})
-
-    def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
-        return session.launch_once(resolved, env, slowdown if env == candidate else 0.0)
-
-    result = run_ab(resolved.id, gated, run_once, base, candidate, config.getoption("--perf-repeats"), tolerances)
-    config.stash.setdefault(RESULTS_KEY, []).append(result)
-    if result.verdict == "skipped":
-        pytest.skip(f"{scenario.id}: {result.message}")
-    if result.verdict == "unreliable":  # as the gate does: neither green nor a false alarm
-        pytest.skip(f"{scenario.id}: A/B unreliable: {result.message}")
-    if result.verdict in ("regression", "error"):
-        pytest.fail(f"{scenario.id}: A/B {result.verdict}: {result.message}", pytrace=False)
-    return result
-
-
-def results_of(config: pytest.Config) -> list[ABResult]:
-    return config.stash.get(RESULTS_KEY, [])

@@ -9,15 +9,15 @@ The rules themselves are in :mod:`perfsuite.coverage` and
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import date
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from perfsuite import abtest, maxbatch, quarantine
-from perfsuite.coverage import Coverage, Outcome, coverage_of
+from perfsuite import quarantine
+from perfsuite.coverage import Coverage
 
 ALLOW_FLAG = "--perf-allow-unjudged"
 DEPRECATED_FLAG = "--perf-fail-unreliable"
@@ -108,20 +108,6 @@ def entries_of(config: pytest.Config) -> Mapping[str, quarantine.Entry]:
 
 def quarantined(config: pytest.Config, scenario_id: str) -> quarantine.Entry | None:
     return entries_of(config).get(scenario_id)
-
-
-def coverage(config: pytest.Config, results: Iterable[Any]) -> Coverage | None:
-    """Coverage of this run in its mode: the gate's ``ScenarioResult`` list, or the A/B pairs,
-    or the max-batch searches (None when nothing was selected). Quarantined ids count apart."""
-    entries = entries_of(config)
-    if abtest.enabled(config):
-        found = [Outcome(r.id, r.verdict, r.message, r.id in entries) for r in abtest.results_of(config)]
-    elif maxbatch.enabled(config):
-        found = [Outcome(r.scenario.id, "searched" if r.measured else "not_measured", r.headline())
-                 for r in maxbatch.results_of(config)]  # fmt: skip
-    else:
-        found = [Outcome(r.scenario.id, r.verdict, r.judgement.message, r.scenario.id in entries) for r in results]
-    return coverage_of(found) if found else None
 
 
 def problems(config: pytest.Config, found: Coverage | None, today: date | None = None) -> list[str]:

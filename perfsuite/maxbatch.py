@@ -10,18 +10,18 @@ fit and the first that did not; if the start already OOMs it halves down to 1.
 A trial that fails for any other reason (crash, timeout, skip) stops the
 search: a crash is never mistaken for an OOM.
 
-Nothing here reads or writes baselines. pytest side; never imports torch.
+Nothing here reads or writes baselines, or knows pytest: :mod:`perfsuite.modes.maxbatch`
+is the run mode that drives it. Never imports torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import pytest
-
+from perfsuite import metrics as registry
 from perfsuite.report import table
 from perfsuite.session import Measurement, PerfSession
 from perfsuite.stats import Summary
@@ -33,9 +33,6 @@ FLAG = "--perf-find-max-batch"
 START_FLAG = "--perf-max-batch-start"
 LIMIT_FLAG = "--perf-max-batch-limit"
 DEFAULT_LIMIT = 4096
-
-#: Per-scenario results of this pytest session, memoised by scenario id.
-RESULTS_KEY = pytest.StashKey[dict[str, "MaxBatchResult"]]()
 
 #: A launch's status, or "invalid" when validation refused the shape.
 TrialStatus = Literal["ok", "oom", "timeout", "crash", "skipped", "invalid"]
@@ -49,21 +46,23 @@ class Trial:
     micro_batch: int
     global_batch: int
     status: TrialStatus
-    samples_per_s: Summary | None = None
-    peak_mem_mib: float | None = None
+    throughput: Summary | None = None
+    """The scenario's headline metric (samples/s for a train scenario)."""
+    values: Mapping[str, float] = field(default_factory=dict)
+    """Every other metric it measured, by name (reports show the registry's gated ones)."""
     message: str = ""
     """Why a trial that neither trained nor ran out of memory failed."""
     wall_s: float = 0.0
     """Launch wall time (all repeats): what the trial cost."""
 
-    def to_json(self) -> dict[str, Any]:
-        throughput = self.samples_per_s
+    def to_json(self, primary: str) -> dict[str, Any]:
+        throughput = self.throughput
         return {
             "micro_batch": self.micro_batch,
             "global_batch": self.global_batch,
             "status": self.status,
-            "samples_per_s": dataclasses.asdict(throughput) if throughput else None,
-            "peak_mem_mib": self.peak_mem_mib,
+            primary: dataclasses.asdict(throughput) if throughput else None,
+            **self.values,
             "message": self.message,
             "wall_s": round(self.wall_s, 2),
         }
@@ -195,8 +194,10 @@ class MaxBatchResult:
 
     def lines(self) -> list[str]:
         """The headline and the per-size table, sizes ascending."""
-        rows = (_row(t) for t in sorted(self.trials, key=lambda t: t.micro_batch))
-        header = ("micro_batch", "global_batch", "status", "samples/s", "peak MiB")
+        primary = self.scenario.primary
+        extra = registry.columns((primary, t.values) for t in self.trials)
+        rows = (_row(t, extra) for t in sorted(self.trials, key=lambda t: t.micro_batch))
+        header = ("micro_batch", "global_batch", "status", registry.get(primary).header, *(m.header for m in extra))
         return [f"{self.scenario.id}: {self.headline()}", *("  " + line for line in table(header, rows))]
 
     def to_json(self) -> dict[str, Any]:
@@ -210,15 +211,15 @@ class MaxBatchResult:
             "largest_fitting": self.largest_fitting,
             "first_oom": self.first_oom,
             "message": self.headline(),
-            "trials": [t.to_json() for t in self.trials],
+            "trials": [t.to_json(self.scenario.primary) for t in self.trials],
         }
 
 
-def _row(trial: Trial) -> tuple[str, ...]:
-    rate = trial.samples_per_s
+def _row(trial: Trial, extra: list[registry.Metric]) -> tuple[str, ...]:
+    rate = trial.throughput
     throughput = f"{rate.mean:.2f} +/- {rate.std:.2f}" if rate else "-"
-    peak = f"{trial.peak_mem_mib:.0f}" if trial.peak_mem_mib is not None else "-"
-    return (str(trial.micro_batch), str(trial.global_batch), trial.status, throughput, peak)
+    cells = (m.show(trial.values[m.name]) if m.name in trial.values else "-" for m in extra)
+    return (str(trial.micro_batch), str(trial.global_batch), trial.status, throughput, *cells)
 
 
 # -- running trials through the session ---------------------------------------------
@@ -235,17 +236,17 @@ def trial_runner(session: PerfSession, scenario: Scenario) -> RunTrial:
             return Trial(micro_batch, global_batch, "invalid", message=str(exc))
         # The session's own launch path (repeats included), without judging or
         # recording: the trial is a measurement, not a verdict.
-        return trial_of(micro_batch, global_batch, session.measure(sized))
+        return trial_of(micro_batch, global_batch, session.measure(sized), scenario.primary)
 
     return run
 
 
-def trial_of(micro_batch: int, global_batch: int, measurement: Measurement) -> Trial:
+def trial_of(micro_batch: int, global_batch: int, measurement: Measurement, primary: str) -> Trial:
     metrics, outcome = measurement.metrics, measurement.outcome
     wall_s = sum(launch.wall_s for launch in measurement.launches)
     if outcome.status == "ok" and metrics is not None:
-        peak = metrics.value("peak_mem_mib") if "peak_mem_mib" in metrics.values else None
-        return Trial(micro_batch, global_batch, "ok", metrics.summary("samples_per_s"), peak, wall_s=wall_s)
+        values = {name: metrics.value(name) for name in metrics.values if name != primary}
+        return Trial(micro_batch, global_batch, "ok", metrics.summary(primary), values, wall_s=wall_s)
     why = outcome.failure.describe() if outcome.failure else outcome.skip_reason
     return Trial(micro_batch, global_batch, outcome.status, message=why, wall_s=wall_s)
 
@@ -259,96 +260,4 @@ def resolved_here(session: PerfSession, scenario: BaseScenario) -> tuple[BaseSce
     return fitted, skip
 
 
-def find_max_batch(session: PerfSession, scenario: BaseScenario, config: pytest.Config) -> MaxBatchResult:
-    """Search ``scenario`` once per session and pass, fail or skip the calling test by the outcome."""
-    results = config.stash.setdefault(RESULTS_KEY, {})
-    if scenario.id not in results:
-        resolved, why = resolved_here(session, scenario)
-        if why or not isinstance(resolved, Scenario):
-            pytest.skip(f"{scenario.id}: {why}")
-        start = config.getoption(START_FLAG) or resolved.micro_batch
-        limit = config.getoption(LIMIT_FLAG)
-        trials = MaxBatchSearch(start, limit, trial_runner(session, resolved)).run()
-        results[scenario.id] = MaxBatchResult(resolved, min(start, limit), limit, trials)
-    result = results[scenario.id]
-    _decide(result)
-    return result
-
-
-def _decide(result: MaxBatchResult) -> None:
-    stop = result.stopped_by
-    if stop is None:
-        return
-    where = f"{result.scenario.id}: max-batch search stopped at micro-batch {stop.micro_batch}"
-    if stop.status == "skipped":
-        pytest.skip(f"{where}: skipped: {stop.message}")
-    pytest.fail(f"{where}: {stop.status} (not an OOM): {stop.message}", pytrace=False)
-
-
-# -- command line, summary, results file -------------------------------------------------
-def add_options(group: Any) -> None:
-    group.addoption(
-        FLAG,
-        action="store_true",
-        help="instead of judging train scenarios against baselines, find the largest micro-batch that "
-        "fits in memory (real OOMs, fresh ranks per trial; reads and writes no baseline)",
-    )
-    group.addoption(
-        START_FLAG, metavar="N", type=int, help=f"{FLAG}: first micro-batch tried (default: the scenario's own)"
-    )
-    group.addoption(
-        LIMIT_FLAG,
-        metavar="N",
-        type=int,
-        default=DEFAULT_LIMIT,
-        help=f"{FLAG}: largest micro-batch tried (default {DEFAULT_LIMIT})",
-    )
-
-
-def check_options(config: pytest.Config) -> None:
-    """Usage errors in the max-batch flags, naming the flag and the fix."""
-    start, limit = config.getoption(START_FLAG), config.getoption(LIMIT_FLAG)
-    if not config.getoption(FLAG):
-        if start is not None or limit != DEFAULT_LIMIT:
-            raise pytest.UsageError(f"{START_FLAG} and {LIMIT_FLAG} only apply with {FLAG}: add {FLAG}")
-        return
-    for flag in ("--perf-update-baselines", "--perf-calibrate"):
-        if config.getoption(flag):
-            raise pytest.UsageError(
-                f"{FLAG} reads and writes no baseline, so it cannot be combined with {flag}: run them separately"
-            )
-    if limit < 1:
-        raise pytest.UsageError(f"{LIMIT_FLAG} must be >= 1, got {limit}")
-    if start is not None and not 1 <= start <= limit:
-        raise pytest.UsageError(f"{START_FLAG} must be between 1 and {LIMIT_FLAG}={limit}, got {start}")
-
-
-def enabled(config: pytest.Config) -> bool:
-    return bool(config.getoption(FLAG))
-
-
-def results_of(config: pytest.Config) -> list[MaxBatchResult]:
-    return list(config.stash.get(RESULTS_KEY, {}).values())
-
-
-def summary_lines(results: Iterable[MaxBatchResult]) -> list[str]:
-    return [line for result in results for line in result.lines()]
-
-
-def nothing_searched(config: pytest.Config) -> str:
-    """Why a max-batch session measured nothing ("" if some trial trained or OOMed)."""
-    results = results_of(config)
-    if any(r.measured for r in results):
-        return ""
-    return (
-        f"{FLAG}: no train scenario ran a trial here (other kinds and scenarios that cannot run skip), "
-        "so this run found nothing and exits non-zero"
-    )
-
-
-def results_json(config: pytest.Config) -> Mapping[str, Any]:
-    """The results file's extra top-level key in this mode."""
-    return {"max_batch": [r.to_json() for r in results_of(config)]} if enabled(config) else {}
-
-
-__all__ = ["MaxBatchResult", "MaxBatchSearch", "Trial", "find_max_batch"]
+__all__ = ["MaxBatchResult", "MaxBatchSearch", "Trial", "resolved_here", "trial_runner"]

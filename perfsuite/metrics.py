@@ -15,7 +15,8 @@ Torch-free: the pytest process and the ranks both import it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, get_args
@@ -68,6 +69,25 @@ class Metric:
     imbalance: bool = False
     """Scenarios may limit its max/min across ranks (``max_imbalance``)."""
     description: str = ""
+    label: str = ""
+    """Column header in report tables ("": the name and unit)."""
+    scale: float = 1.0
+    """Report tables show the value divided by this (bytes as MiB: ``2**20``, with a label saying MiB)."""
+
+    @property
+    def gated(self) -> bool:
+        """Judged by default on some device (it has a default tolerance), so every report and the A/B show it."""
+        return bool(self.tolerances)
+
+    @property
+    def header(self) -> str:
+        return self.label or f"{self.name} ({self.unit})"
+
+    def show(self, value: float) -> str:
+        """One value as a report table cell: whole numbers from 100 up (512 MiB, not 512.4),
+        three significant digits below (0.00123 TFLOP/s of a cpu microbenchmark)."""
+        shown = value / self.scale
+        return f"{shown:.0f}" if abs(shown) >= 100 else f"{shown:.3g}"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tolerances", MappingProxyType(dict(self.tolerances)))
@@ -93,6 +113,8 @@ class Metric:
         for device, tol in self.tolerances.items():
             if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
                 raise MetricError(f"{where}: tolerances[{device!r}] must be in [0, 1), got {tol!r}")
+        if not (isinstance(self.scale, (int, float)) and self.scale > 0):
+            raise MetricError(f"{where}: scale must be a positive number, got {self.scale!r}")
 
 
 class MetricRegistry:
@@ -120,10 +142,28 @@ class MetricRegistry:
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._metrics.values())
 
+    @contextmanager
+    def registered(self, metric: Metric) -> Iterator[Metric]:
+        """``metric`` registered for the duration of a block (a test's, or a plugin's one run)."""
+        known = self._metrics.get(metric.name)
+        self.register(metric)
+        try:
+            yield metric
+        finally:
+            if known is None:
+                del self._metrics[metric.name]
+
+    def columns(self, rows: Iterable[tuple[str | None, Iterable[str]]]) -> list[Metric]:
+        """The columns of a report table beside each row's headline figure: every gated metric that
+        some row measured other than as its primary, in registry order. ``rows``: (primary, names)."""
+        seen = {name for primary, names in rows for name in names if name != primary}
+        return [metric for metric in self._metrics.values() if metric.gated and metric.name in seen]
+
 
 METRICS = MetricRegistry()
 register = METRICS.register
 get = METRICS.get
+columns = METRICS.columns
 
 register(
     Metric(
@@ -139,6 +179,7 @@ register(
         # A shared 2-core machine swings by tens of percent between runs, so the
         # cpu gate only catches large drops; GPUs are far steadier.
         tolerances={"cpu": 0.40, "cuda": 0.05},
+        label="samples/s",
         description="training samples per second: global batch / step time",
     )
 )
@@ -182,6 +223,7 @@ register(
         noisy=True,
         imbalance=True,
         tolerances={"cpu": 0.15, "cuda": 0.05},
+        label="peak MiB",
         description="worst rank's peak memory over the measured steps (CUDA: allocator peak; CPU: anonymous memory, VmHWM - RssFile - RssShmem)",
     )
 )
@@ -192,6 +234,8 @@ register(
         "lower",
         noisy=False,
         tolerances={"cpu": 0.01, "cuda": 0.01},
+        label="state MiB/rank",
+        scale=2**20,
         description="parameters, gradients and optimizer states the worst rank holds (exact)",
     )
 )
@@ -208,7 +252,7 @@ for _category in ("params", "grads", "optimizer"):
 register(Metric(
     "busbw_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
     across_launches="pool", spread=True, imbalance=True, tolerances={"cpu": 0.40, "cuda": 0.05},
-    description="collective bus bandwidth (nccl-tests): algbw x 2(n-1)/n for all-reduce, (n-1)/n for "
+    label="busbw GB/s", description="collective bus bandwidth (nccl-tests): algbw x 2(n-1)/n for all-reduce, (n-1)/n for "
     "all-gather and reduce-scatter; comparable across world sizes",
 ))  # fmt: skip
 register(Metric(
@@ -219,13 +263,13 @@ register(Metric(
 register(Metric(
     "tflops", "TFLOP/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
     across_launches="pool", spread=True, imbalance=True, tolerances={"cpu": 0.40, "cuda": 0.05},
-    description="achieved TFLOP/s of a compute microbenchmark; the scenario's config names how FLOPs were "
+    label="TFLOP/s", description="achieved TFLOP/s of a compute microbenchmark; the scenario's config names how FLOPs were "
     "counted (flops_formula)",
 ))  # fmt: skip
 register(Metric(
     "mem_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
     across_launches="pool", spread=True, imbalance=True, tolerances={"cpu": 0.40, "cuda": 0.05},
-    description="device memory bandwidth: bytes read plus bytes written per second (1 GB = 1e9 bytes)",
+    label="mem GB/s", description="device memory bandwidth: bytes read plus bytes written per second (1 GB = 1e9 bytes)",
 ))  # fmt: skip
 # -- the Hugging Face Trainer's own figures (group trainer_sweep) -----------------------
 # Each rank's Trainer computes them from its own wall clock; ranks combine to the worst.

@@ -1,7 +1,7 @@
 """The plugin's command-line options and ini values, and their validation.
 
-``add_options`` declares them (the run modes, the gate and the exporters add
-their own group members); ``check_options`` refuses a bad value at start with a
+``add_options`` declares them (the run modes, :mod:`perfsuite.modes`, the gate
+and the exporters add their own group members); ``check_options`` refuses a bad value at start with a
 usage error that names the flag and what it takes. Pytest side, torch-free.
 """
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite import abtest, gate, maxbatch
+from perfsuite import gate
 from perfsuite.cost import Job
+from perfsuite.envs import EnvError, PythonEnv, parse_envs
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -114,8 +115,14 @@ def add_options(parser: pytest.Parser) -> None:
         help="record baselines with tolerances derived from the spread between "
         "--perf-repeats launches (3 sigma); see 'python -m perfsuite calibrate'",
     )
-    maxbatch.add_options(group)  # --perf-find-max-batch and its bounds
-    abtest.add_options(group)  # --perf-env, --perf-ab and its tolerance and self-test
+    group.addoption(
+        "--perf-env",
+        metavar="NAME=PYTHON",
+        action="append",
+        default=[],
+        help="name a Python environment (its interpreter) that scenarios (field env=) or --perf-ab run ranks in; "
+        "repeatable",
+    )
     group.addoption(
         "--perf-gpu-hour-price",
         metavar="PRICE",
@@ -135,8 +142,9 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("perf_job", "SAMPLES[xEPOCHS] job to estimate (see --perf-job)", default="")
 
 
-def check_options(config: pytest.Config) -> None:
-    """Refuse bad values at start, naming the flag and what it takes (a pytest usage error)."""
+def check_options(config: pytest.Config, reads_baselines: bool = True) -> None:
+    """Refuse bad values at start, naming the flag and what it takes (a pytest usage error).
+    ``reads_baselines``: whether the run's mode judges against the baselines folder."""
     _check_number(config, "--perf-timeout", "a positive number of seconds", lambda x: x > 0)
     if config.getoption("--perf-repeats") < 1:
         raise pytest.UsageError(f"--perf-repeats must be >= 1, got {config.getoption('--perf-repeats')}")
@@ -151,24 +159,23 @@ def check_options(config: pytest.Config) -> None:
     if config.getoption("--perf-launcher") == "local" and config.getoption("--perf-nnodes") > 1:
         raise pytest.UsageError("--perf-nnodes > 1 needs --perf-launcher=torchrun or slurm")
     _check_endpoint(config)
-    _check_baselines(config)
+    _check_baselines(config, reads_baselines)
     if config.getoption("--perf-accept-oom") and not (
         config.getoption("--perf-update-baselines") or config.getoption("--perf-calibrate")
     ):
         raise pytest.UsageError("--perf-accept-oom records a baseline: use it with --perf-update-baselines")
     if config.getoption("--perf-calibrate") and config.getoption("--perf-repeats") < 2:
         raise pytest.UsageError("--perf-calibrate needs --perf-repeats N with N >= 2 to see the spread")
-    maxbatch.check_options(config)
     gate.check_options(config)
+    envs(config)
     job(config)  # fail fast on a malformed --perf-job
 
 
-def _check_baselines(config: pytest.Config) -> None:
+def _check_baselines(config: pytest.Config, reads: bool) -> None:
     """A ``--perf-baselines`` folder that does not exist is a typo unless this run records into it:
     judged against nothing, every scenario would skip as no_baseline."""
     given = config.getoption("--perf-baselines")
     records = config.getoption("--perf-update-baselines") or config.getoption("--perf-calibrate")
-    reads = not (config.getoption(abtest.FLAG) or config.getoption(maxbatch.FLAG))
     if given and reads and not records and not Path(given).is_dir():
         raise pytest.UsageError(
             f"--perf-baselines {given}: no such folder. Give the folder that holds <profile>/<group>.json "
@@ -217,3 +224,11 @@ def job(config: pytest.Config) -> Job | None:
             f"--perf-job must be SAMPLES or SAMPLESxEPOCHS with positive ints, e.g. 2048x2; got {text!r}"
         )
     return job
+
+
+def envs(config: pytest.Config) -> dict[str, PythonEnv]:
+    """The Python environments named by ``--perf-env`` (``current`` always among them)."""
+    try:
+        return parse_envs(config.getoption("--perf-env"))
+    except EnvError as exc:
+        raise pytest.UsageError(str(exc)) from None

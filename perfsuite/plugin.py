@@ -10,30 +10,23 @@ import contextlib
 import os
 import shutil
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from perfsuite import abtest, gate, guards, hookspecs, machine, maxbatch, options
-from perfsuite.baselines import BaselineError
+from perfsuite import gate, guards, hookspecs, machine, modes, options
 from perfsuite.ceilings import Ceilings, ceilings_first
-from perfsuite.compare import FAILING, MetricCheck, check_metric
-from perfsuite.cost import ranking, ranking_lines
-from perfsuite.coverage import Coverage
+from perfsuite.compare import MetricCheck, check_metric
+from perfsuite.cost import ranking
+from perfsuite.coverage import Coverage, coverage_of
 from perfsuite.envs import PythonEnv
 from perfsuite.launch import Launcher
-from perfsuite.launch.devicelock import DeviceBusy
+from perfsuite.modes import StaleBaselineWarning  # noqa: F401  (users filter perfsuite.plugin.StaleBaselineWarning)
+from perfsuite.modes.baseline import run_or_fail
 from perfsuite.progress import Progress
 from perfsuite.relations import Relation, RelationOutcome
-from perfsuite.report import (
-    ResultsWriteError,
-    relation_lines,
-    results_document,
-    summary_lines,
-    write_results,
-)
+from perfsuite.report import ResultsWriteError, results_document, write_results
 from perfsuite.session import PerfSession, RunSettings, ScenarioResult
 from perfsuite.workloads.base import BaseScenario
 
@@ -48,22 +41,20 @@ LAUNCHER_KEY = pytest.StashKey[Launcher]()
 pytest_plugins: list[str] = ["perfsuite.extras", "perfsuite.exports.benchjson", "perfsuite.exports.history"]
 
 
-class StaleBaselineWarning(UserWarning):
-    """A scenario beat its baseline by more than the tolerance."""
-
-
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
+    modes.add_options(parser.getgroup("perfsuite"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "perfsuite: a perfsuite benchmark scenario")
-    options.check_options(config)
-    config.stash[ENVS_KEY] = abtest.check_options(config)
+    mode = modes.pick(config)  # exactly one: judge against baselines, search max batch, or A/B
+    options.check_options(config, mode.reads_baselines)
+    config.stash[ENVS_KEY] = options.envs(config)
     if config.getoption("--perf-profile"):
         machine.profile(config)  # fail fast on an unknown profile name
     config.stash[LAUNCHER_KEY] = machine.launcher(config)  # e.g. slurm outside an allocation
@@ -161,66 +152,17 @@ class Perf:
 
     def run(self, scenario: BaseScenario) -> ScenarioResult:
         """Run and judge ``scenario`` without deciding the test's outcome."""
-        try:
-            return self.session.run(scenario)
-        except (BaselineError, DeviceBusy) as exc:
-            pytest.fail(f"{scenario.id}: {exc}", pytrace=False)
+        return run_or_fail(self.session, scenario)
 
-    def check(self, scenario: BaseScenario) -> ScenarioResult | None:
-        """Run ``scenario`` and pass, fail or skip this test by its verdict.
-
-        Under ``--perf-find-max-batch`` it searches the largest micro-batch that
-        fits instead (no baseline involved) and returns None.
-        """
-        if maxbatch.enabled(self.request.config):
-            maxbatch.find_max_batch(self.session, scenario, self.request.config)
-            return None
-        if abtest.enabled(self.request.config):
-            abtest.check(self.session, scenario, self.request.config)
-            return None
-        result = self.run(scenario)
-        verdict, message = result.verdict, result.judgement.message
-        if result.judgement.stack_changes:
-            message += "\nstack changed since the baseline: " + "; ".join(result.judgement.stack_changes)
-        held = gate.quarantined(self.request.config, scenario.id)
-        if held is not None and verdict not in ("pass", "recorded", "expected_oom"):
-            pytest.skip(f"{scenario.id}: QUARANTINED, not gating ({held.describe()}); {verdict}: {message}")
-        if verdict in FAILING:
-            pytest.fail(f"{scenario.id}: {verdict}: {message}", pytrace=False)
-        if verdict == "skipped":
-            pytest.skip(f"{scenario.id}: {message}")
-        if verdict == "unreliable":
-            if self.request.config.getoption(gate.DEPRECATED_FLAG):
-                pytest.fail(f"{scenario.id}: UNRELIABLE: {message}", pytrace=False)
-            pytest.skip(f"{scenario.id}: UNRELIABLE (not judged, fails the run): {message}")
-        if verdict == "no_baseline":
-            path = self.session.store_for(self.session.env_of(scenario)).path(scenario.group)
-            pytest.skip(
-                f"{scenario.id}: no baseline in {path} (not judged, fails the run); record one with: "
-                f"pytest '{self.request.node.nodeid}' --perf-update-baselines"
-            )
-        if verdict == "improved":
-            warnings.warn(StaleBaselineWarning(f"{scenario.id}: {message}"), stacklevel=2)
-        return result
+    def check(self, scenario: BaseScenario) -> Any:
+        """Run ``scenario`` in this run's mode and pass, fail or skip this test by what it found:
+        its verdict against the baseline (a :class:`ScenarioResult`), or under ``--perf-find-max-batch``
+        and ``--perf-ab`` that mode's result."""
+        return modes.of(self.request.config).check(self.session, scenario, self.request.node.nodeid)
 
     def check_relation(self, relation: Relation) -> RelationOutcome:
         """Check a relation between two scenarios of this run; fail if violated."""
-        if maxbatch.enabled(self.request.config):
-            pytest.skip(
-                f"{relation.id}: relations compare scenarios measured at their own batch; "
-                f"{maxbatch.FLAG} only searches batch sizes, so none is checked"
-            )
-        if abtest.enabled(self.request.config):
-            pytest.skip(f"{relation.id}: {abtest.FLAG} compares two environments, not scenarios with each other")
-        try:
-            outcome = self.session.relation(relation)
-        except BaselineError as exc:
-            pytest.fail(str(exc), pytrace=False)
-        if outcome.status == "skipped":
-            pytest.skip(f"{relation.id}: {outcome.message}")
-        if outcome.status == "violated":
-            pytest.fail(f"{relation.id}: violated: {outcome.message}", pytrace=False)
-        return outcome
+        return modes.of(self.request.config).check_relation(self.session, relation)
 
 
 @pytest.fixture
@@ -230,15 +172,8 @@ def perf(perf_session: PerfSession, request: pytest.FixtureRequest) -> Perf:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    if maxbatch.enabled(config):
-        _max_batch_summary(terminalreporter, config)
-    if abtest.results_of(config):
-        terminalreporter.write_sep("-", f"perfsuite A/B ({config.getoption(abtest.FLAG)})")
-        for line in abtest.summary_lines(abtest.results_of(config)):
-            terminalreporter.write_line(line)
     session = config.stash.get(SESSION_KEY, None)
-    if session is not None and session.results:
-        _session_summary(terminalreporter, config, session)
+    modes.of(config).summary(terminalreporter, session)
     found = _coverage(config)
     failing = gate.problems(config, found)
     if found is not None:
@@ -248,55 +183,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(line, red=True)
 
 
-def _session_summary(terminalreporter: Any, config: pytest.Config, session: PerfSession) -> None:
-    terminalreporter.write_sep("-", f"perfsuite summary (profile {session.profile.name})")
-    for line in summary_lines(session.results.values()):
-        terminalreporter.write_line(line)
-    if session.relations:
-        terminalreporter.write_sep("-", "perfsuite relations")
-        for line in relation_lines(session.relations.values()):
-            terminalreporter.write_line(line)
-    ranked = ranking(session.results.values(), options.job(config))
-    if ranked:
-        price = session.profile.gpu_hour_price
-        priced = f"{price:g} {session.profile.currency} per GPU-hour" if price is not None else "no price set"
-        terminalreporter.write_sep("-", f"perfsuite cost and time ranking ({priced})")
-        for line in ranking_lines(ranked, options.job(config)):
-            terminalreporter.write_line(line)
-    why = nothing_measured(session)
-    if why:
-        terminalreporter.write_sep("!", "perfsuite: nothing was measured", red=True)
-        terminalreporter.write_line(why)
-
-
 def _coverage(config: pytest.Config) -> Coverage | None:
-    """The run's coverage in its mode (None when nothing was selected)."""
-    session = config.stash.get(SESSION_KEY, None)
-    return gate.coverage(config, session.results.values() if session is not None else ())
-
-
-def _max_batch_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    profile = config.stash[SESSION_KEY].profile.name if SESSION_KEY in config.stash else "-"
-    terminalreporter.write_sep("-", f"perfsuite max batch (profile {profile})")
-    for line in maxbatch.summary_lines(maxbatch.results_of(config)):
-        terminalreporter.write_line(line)
-    why = maxbatch.nothing_searched(config)
-    if why:
-        terminalreporter.write_sep("!", "perfsuite: nothing was measured", red=True)
-        terminalreporter.write_line(why)
-
-
-def nothing_measured(perf: PerfSession) -> str:
-    """Why a session whose scenarios all skipped proves nothing ("" if something was measured)."""
-    results = list(perf.results.values())
-    if not results or any(r.status in ("ok", "oom") for r in results):
-        return ""
-    shown = "; ".join(f"{r.scenario.id}: {r.judgement.message}" for r in results[:3])
-    more = f" (and {len(results) - 3} more)" if len(results) > 3 else ""
-    return (
-        f"all {len(results)} scenario(s) skipped without measuring, so this run proves nothing and exits "
-        f"non-zero: {shown}{more}. `python -m perfsuite doctor` shows what can run here."
-    )
+    """What the run's mode judged of the selected scenarios (None when nothing was selected)."""
+    found = modes.of(config).outcomes(config.stash.get(SESSION_KEY, None))
+    return coverage_of(found) if found else None
 
 
 @pytest.hookimpl(trylast=True)
@@ -304,16 +194,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     path = config.getoption("--perf-json")
     perf = config.stash.get(SESSION_KEY, None)
-    if perf is not None and nothing_measured(perf) and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    mode = modes.of(config)
     found = _coverage(config)
-    if gate.problems(config, found) and session.exitstatus == pytest.ExitCode.OK:
+    unproven = mode.nothing_measured(perf) or gate.problems(config, found)
+    if unproven and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    if maxbatch.enabled(config) and maxbatch.nothing_searched(config) and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    compared = [r for r in abtest.results_of(config) if r.comparisons]
-    if abtest.enabled(config) and not compared and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # an A/B that compared nothing proves nothing
     if not path and perf is None:
         return
     fingerprint = perf.current_fingerprint() if perf else machine.fingerprint(config)
@@ -330,8 +215,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         ceilings=ceilings,
         ranking=ranked,
         **({"coverage": found.to_json()} if found is not None else {}),
-        **maxbatch.results_json(config),
-        **({"ab": [r.to_json() for r in abtest.results_of(config)]} if abtest.enabled(config) else {}),
+        **mode.results_json(),
     )
     if path:
         try:

@@ -12,10 +12,16 @@ from perfsuite.relations import RelationOutcome
 from perfsuite.session import ScenarioResult
 from perfsuite.workloads.base import ran_otherwise
 
-COLUMNS = ("scenario", "status", "throughput", "delta", "peak MiB", "state MiB/rank", "verdict")
+#: The columns every summary has; the registry's gated metrics go between "delta" and "verdict".
+COLUMNS = ("scenario", "status", "throughput", "delta", "verdict")
 
 
-def _row(result: ScenarioResult) -> tuple[str, ...]:
+def metric_columns(results: Iterable[ScenarioResult]) -> list[registry.Metric]:
+    """The gated metrics the results measured beside their headline figure (:func:`perfsuite.metrics.columns`)."""
+    return registry.columns((r.scenario.primary, r.metrics.values if r.metrics else ()) for r in results)
+
+
+def _row(result: ScenarioResult, extra: list[registry.Metric]) -> tuple[str, ...]:
     m, primary = result.metrics, result.scenario.primary
     throughput = delta = "-"
     if m is not None and primary in m.values:
@@ -26,22 +32,9 @@ def _row(result: ScenarioResult) -> tuple[str, ...]:
     for check in result.judgement.checks:
         if check.metric == primary:
             delta = f"{check.delta:+.1%}"
-    return (
-        result.scenario.id,
-        result.status,
-        throughput,
-        delta,
-        _cell(m, "peak_mem_mib", 1),
-        _cell(m, "model_state_bytes_per_rank", 2**20),
-        result.verdict,
-    )
-
-
-def _cell(metrics: Any, name: str, scale: float) -> str:
-    if metrics is None or name not in metrics.values:
-        return "-"
-    value = metrics.value(name) / scale
-    return f"{value:.0f}" if scale == 1 else f"{value:.1f}"
+    cells = [metric.show(m.value(metric.name)) if m and metric.name in m.values and metric.name != primary else "-"
+             for metric in extra]  # fmt: skip
+    return (result.scenario.id, result.status, throughput, delta, *cells, result.verdict)
 
 
 def table(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> list[str]:
@@ -55,8 +48,10 @@ def table(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> list[str]
 def summary_lines(results: Iterable[ScenarioResult]) -> list[str]:
     """The table, then a note per row whose variant changed its declared precision."""
     results = list(results)
+    extra = metric_columns(results)
+    header = (*COLUMNS[:-1], *(metric.header for metric in extra), COLUMNS[-1])
     notes = [(r.scenario.id, ran_otherwise(r.scenario.to_config())) for r in results]
-    return table(COLUMNS, (_row(r) for r in results)) + [f"note: {name}: {note}" for name, note in notes if note]
+    return table(header, (_row(r, extra) for r in results)) + [f"note: {name}: {note}" for name, note in notes if note]
 
 
 def relation_lines(outcomes: Iterable[RelationOutcome]) -> list[str]:

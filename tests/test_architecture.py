@@ -66,6 +66,7 @@ PYTEST_SIDE = (
     "perfsuite.extras",
     "perfsuite.fitting",
     "perfsuite.trustworthy",
+    "perfsuite.modes",
 )
 Graph = Mapping[str, set[str]]
 

@@ -93,7 +93,8 @@ def test_result_json_and_table() -> None:
     doc = result.to_json()
     assert (doc["largest_fitting"], doc["first_oom"], doc["outcome"]) == (5, 6, "boundary")
     assert [t["micro_batch"] for t in doc["trials"]] == [4, 8, 6, 5]
-    assert set(doc["trials"][0]) >= {"micro_batch", "global_batch", "status", "samples_per_s", "peak_mem_mib"}
+    # The headline metric always (null here: the fake trials measure nothing); the others as measured.
+    assert set(doc["trials"][0]) >= {"micro_batch", "global_batch", "status", "samples_per_s"}
     lines = result.lines()
     assert lines[0].startswith("g.s: largest fitting micro-batch 5")
     assert [line.split()[0] for line in lines[3:]] == ["4", "5", "6", "8"]  # sizes ascending

@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from perfsuite import metrics as registry
 from perfsuite.htmlreport import results as res
 from perfsuite.workloads.base import ran_otherwise
 
-COLUMNS = ("scenario", "verdict", "throughput", "delta", "tolerance", "peak MiB", "detail")
+#: The columns every summary has; the registry's gated metrics go between "tolerance" and "detail".
+BASE_COLUMNS = ("scenario", "verdict", "throughput", "delta", "tolerance", "detail")
 #: Marks that let a verdict be read at a glance in a job summary.
 MARKS = {"good": "✅", "bad": "❌", "warn": "⚠️", "muted": "⏭️"}
 
@@ -38,17 +40,37 @@ def peak_mib(result: res.Result) -> str:
     return "-" if peak is None else f"{peak:.0f}"
 
 
-def row(result: res.Result) -> tuple[str, ...]:
+def metric_columns(document: Mapping[str, Any]) -> list[registry.Metric]:
+    """The gated metrics the file's results measured beside their headline figure."""
+    measured = ((res.primary_metric(r), (r.get("metrics") or {}).keys()) for r in document["results"])
+    return registry.columns(measured)
+
+
+def columns(document: Mapping[str, Any]) -> tuple[str, ...]:
+    """The table's header: the base columns with a column per gated metric the file holds."""
+    return (*BASE_COLUMNS[:-1], *(metric.header for metric in metric_columns(document)), BASE_COLUMNS[-1])
+
+
+def _metric_cells(result: res.Result, extra: list[registry.Metric]) -> list[str]:
+    primary, measured = res.primary_metric(result), result.get("metrics")
+    found = [(metric, res.value(measured, metric.name)) for metric in extra]
+    return ["-" if value is None or metric.name == primary else metric.show(value) for metric, value in found]
+
+
+def row(result: res.Result, extra: list[registry.Metric]) -> tuple[str, ...]:
+    """One result's cells under :func:`columns` (``extra``: :func:`metric_columns` of its file)."""
     change, tolerance = delta(result)
     # The first line: a crash's message goes on with the rank's stderr.
     detail = "" if result["verdict"] == "pass" else (str(result.get("message") or "").splitlines() or [""])[0]
     note = ran_otherwise(result.get("config") or {})  # e.g. an fp16 row that ran bf16 on cpu
     detail = f"{detail} ({note})" if detail and note else detail or note
-    return (result["id"], result["verdict"], throughput(result), change, tolerance, peak_mib(result), detail)
+    cells = _metric_cells(result, extra)
+    return (result["id"], result["verdict"], throughput(result), change, tolerance, *cells, detail)
 
 
 def rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    return [row(r) for r in document["results"]]
+    extra = metric_columns(document)
+    return [row(r, extra) for r in document["results"]]
 
 
 def _cell(text: str, width: int = 160) -> str:
@@ -65,15 +87,14 @@ def _table(header: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
 def markdown(document: Mapping[str, Any]) -> str:
     """The job-summary section: headline, one row per scenario, the relations."""
     body = []
-    for result in document["results"]:
-        cells = row(result)
+    for cells in rows(document):
         body.append((f"`{cells[0]}`", f"{MARKS[res.style(cells[1])]} {cells[1]}", *cells[2:]))
     lines = [f"## perfsuite: {res.headline(document)}", ""]
     coverage = document.get("coverage")
     if coverage:  # the gate's own verdict on what it could judge, above the rows
         mark = MARKS["good"] if coverage.get("ok") else MARKS["bad"]
         lines += [f"**{mark} {coverage.get('line', '')}**", *(f"- {fix}" for fix in coverage.get("fixes", [])), ""]
-    lines += _table(COLUMNS, body)
+    lines += _table(columns(document), body)
     relations = document.get("relations") or []
     if relations:
         lines += ["", "### Relations", ""]
@@ -90,8 +111,8 @@ def markdown(document: Mapping[str, Any]) -> str:
 
 def text(document: Mapping[str, Any]) -> str:
     """The summary as an aligned plain-text table, for a terminal."""
-    table = [COLUMNS, *rows(document)]
-    widths = [max(len(cells[i]) for cells in table) for i in range(len(COLUMNS))]
+    table = [columns(document), *rows(document)]
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(table[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip() for cells in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join([res.headline(document), *lines]) + "\n"
