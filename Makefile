@@ -8,7 +8,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU machines get the local CPU wheel; an unpinned torch would pull CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= deepspeed,fairscale,test,docs
+# perfsuite's extras to install, by the names pyproject.toml gives them (its
+# groups: engines, gpu, dev); `dev` is what `make test` needs.
+EXTRAS ?= dev
 # Air-gapped nodes: WHEELHOUSE=DIR installs from DIR only (see `make wheelhouse`).
 WHEELHOUSE ?=
 WHEEL_PYTHON ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -17,6 +19,8 @@ WHEEL_TORCH ?=
 # `make gpu-kit`: the folder it fills and the most it may weigh.
 KIT ?= .kit
 KIT_MAX_MIB ?= 40
+# The extras it holds: pyproject.toml's `gpu` group, every engine the image runs.
+KIT_EXTRAS ?= gpu
 # What the target machine already has: the GPU image's pip freeze.
 KIT_IMAGE ?= scripts/gpu-image-constraints.txt
 WHEEL_VENV := build/wheel-venv
@@ -62,11 +66,11 @@ $(WHEEL_VENV)/.pip:
 # CUDA torch and lacks only what this collects, on a connected CPU machine:
 # the wheelhouse for its Python (WHEEL_PYTHON, 3.12 here) with the GPU engines'
 # extras, less what the image has. Copy KIT and the checkout to the machine,
-# then `make setup WHEELHOUSE=$(KIT) EXTRAS=deepspeed,fairscale,megatron` there.
+# then `make setup WHEELHOUSE=$(KIT) EXTRAS=$(KIT_EXTRAS)` there.
 gpu-kit: WHEEL_PYTHON = 3.12
 gpu-kit: $(WHEEL_VENV)/.pip
 	$(WHEEL_VENV)/bin/python scripts/wheelhouse.py "$(KIT)" --python $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) \
-		--extras deepspeed,fairscale,megatron --exclude-installed $(KIT_IMAGE) --max-mib $(KIT_MAX_MIB)
+		--extras $(KIT_EXTRAS) --exclude-installed $(KIT_IMAGE) --max-mib $(KIT_MAX_MIB)
 
 # A machine's first run: perfsuite's own bootstrap command, in the set-up venv.
 bootstrap: setup

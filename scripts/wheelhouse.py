@@ -6,11 +6,13 @@ the node and run ``make bench WHEELHOUSE=DIR`` there: it installs with pip's
 ``make gpu-kit`` is the same wheelhouse for the GPU image's Python and
 platform, less what that image already has (``--exclude-installed``).
 
-1. perfsuite itself and the engines PyPI ships only as sources (DeepSpeed,
-   fairscale), those whose extra is asked for, are built here into wheels
-   (DeepSpeed with ``DS_BUILD_OPS=0``: no ops compiled). They must come out
-   pure Python; one that is not is refused, since it would not run on another
-   platform.
+1. perfsuite itself is built here into a wheel, and then the engines PyPI
+   ships only as sources (DeepSpeed, fairscale) that ``perfsuite[EXTRAS]``
+   requires on the target: read from that wheel's metadata, extras that name
+   other extras (groups such as ``engines``) followed, markers evaluated for
+   the target (DeepSpeed with ``DS_BUILD_OPS=0``: no ops compiled). They
+   must come out pure Python; one that is not is refused, since it would not
+   run on another platform.
 2. pip resolves ``perfsuite[EXTRAS]`` for the target Python and platform
    (``--dry-run --report``, metadata only), with environment markers
    evaluated for the target, and every resolved package is downloaded as a
@@ -30,6 +32,7 @@ Standard library and pip only: it runs with any Python that has pip.
 from __future__ import annotations
 
 import argparse
+import email.parser
 import json
 import os
 import re
@@ -37,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -45,7 +49,10 @@ import pip as pip_package
 from pip._vendor.packaging.requirements import Requirement
 from pip._vendor.packaging.version import Version
 
+#: Packages PyPI ships only as sources: built here when perfsuite[EXTRAS] requires them.
 SOURCE_ONLY = ("deepspeed", "fairscale")
+#: The extras collected by default: `make setup`'s default (the Makefile's EXTRAS), so it installs from the folder.
+EXTRAS = "dev"
 #: The runner's CUDA torch, never replaced: it and what only it requires are left out unless --with-torch.
 RUNNER = "torch"
 #: Build backend of an editable install without build isolation.
@@ -129,12 +136,51 @@ def read_installed(path: Path) -> dict[str, str | None]:
     return installed
 
 
-def build_local(root: Path, wheelhouse: Path, extras: str) -> None:
-    """perfsuite, and the source-only engines whose extra is asked for (built apart: the folder may hold a
-    previous run's downloads, binary wheels among them)."""
-    engines = [name for name in SOURCE_ONLY if name in extras.split(",")]
+def wheel_requirements(wheel: Path) -> tuple[str, list[Requirement]]:
+    """Normalized name and ``Requires-Dist`` of a built wheel: its dependencies and extras as pip sees them."""
+    with zipfile.ZipFile(wheel) as whl:
+        name = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = email.parser.Parser().parsestr(whl.read(name).decode())
+    return normalize(metadata["Name"]), [Requirement(spec) for spec in metadata.get_all("Requires-Dist") or []]
+
+
+def required(
+    name: str, requires: Iterable[Requirement], extras: Iterable[str], env: dict[str, str]
+) -> list[Requirement]:
+    """What ``name[extras]`` requires on the target (markers evaluated in ``env``), its own dependencies
+    included; an extra that names the project's other extras (``name[a,b]``) is followed."""
+    found: dict[str, Requirement] = {}
+    todo, done = ["", *extras], set()
+    while todo:
+        extra = normalize(todo.pop())
+        if extra in done:
+            continue
+        done.add(extra)
+        for req in requires:
+            if req.marker is None or req.marker.evaluate({**env, "extra": extra}):
+                if normalize(req.name) == name:
+                    todo += req.extras
+                else:
+                    found.setdefault(str(req), req)
+    return list(found.values())
+
+
+def build_local(root: Path, wheelhouse: Path, extras: str, env: dict[str, str]) -> None:
+    """perfsuite, and the source-only engines that ``perfsuite[EXTRAS]`` (``extras``, comma-separated)
+    requires on the target (built apart: the folder may hold a previous run's downloads, binary wheels among
+    them)."""
     with tempfile.TemporaryDirectory() as tmp:
-        pip("wheel", "--no-deps", "-q", "-w", tmp, str(root), *engines)
+        pip("wheel", "--no-deps", "-q", "-w", tmp, str(root))
+        (own,) = Path(tmp).glob("*.whl")
+        name, requires = wheel_requirements(own)
+        wanted = [extra for extra in extras.split(",") if extra]
+        engines = [
+            f"{req.name}{req.specifier}"
+            for req in required(name, requires, wanted, env)
+            if normalize(req.name) in SOURCE_ONLY
+        ]
+        if engines:
+            pip("wheel", "--no-deps", "-q", "-w", tmp, *engines)
         built = list(Path(tmp).glob("*.whl"))
         impure = [w.name for w in built if not w.name.endswith("-none-any.whl")]
         if impure:
@@ -192,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("wheelhouse", type=Path, help="folder to fill")
     parser.add_argument("--python", default=f"{sys.version_info[0]}.{sys.version_info[1]}", help="target Python X.Y")
     parser.add_argument("--platform", default="manylinux_2_28_x86_64", help="target platform tag")
-    parser.add_argument("--extras", default="deepspeed,fairscale,test", help="perfsuite extras to include")
+    parser.add_argument("--extras", default=EXTRAS, help=f"perfsuite's extras, as pyproject.toml names them ({EXTRAS})")
     parser.add_argument("--with-torch", metavar="SPEC", help="also collect torch (machines without their own)")
     parser.add_argument(
         "--exclude-installed", metavar="FILE", type=Path, help="leave out what the target has (pip freeze)"
@@ -210,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     installed = read_installed(ns.exclude_installed) if ns.exclude_installed else {}
     # A local version (2.11.0+cu130) is not on the index; its public version is.
     pins = sorted(f"{name}=={version.split('+')[0]}" for name, version in installed.items() if version)
-    build_local(ns.root, ns.wheelhouse, ns.extras)
+    build_local(ns.root, ns.wheelhouse, ns.extras, env)
     requirements = [
         f"perfsuite[{ns.extras}]" if ns.extras else "perfsuite",
         BUILD_BACKEND,

@@ -42,6 +42,13 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+def kit_extras() -> str:
+    """The Makefile's KIT_EXTRAS: the extras `make gpu-kit` collects, as pyproject.toml names them."""
+    found = re.search(r"^KIT_EXTRAS \?= (\S+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert found, "the Makefile sets no KIT_EXTRAS"
+    return found[1]
+
+
 def stub_wheel(folder: Path, name: str, version: str, tag: str = "py3-none-any") -> None:
     """A wheel that installs nothing and says only that ``name`` ``version`` is there."""
     dist = f"{re.sub(r'[-_.]+', '_', name)}-{version}"
@@ -58,10 +65,11 @@ def test_the_kit_and_the_image_hold_every_gpu_extra(kit: Path, tmp_path: Path) -
     for name, version in wheelhouse.read_installed(IMAGE).items():
         stub_wheel(stubs, name, version or UNKNOWN)
     report = tmp_path / "report.json"
-    # What `make setup` installs there, markers evaluated for Python 3.12 (the megatron extra needs it).
+    # What `make setup EXTRAS=$(KIT_EXTRAS)` installs there, markers evaluated for Python 3.12 (the megatron
+    # extra needs it).
     pip = [sys.executable, "-c", wheelhouse.PIP_FOR_TARGET, json.dumps(wheelhouse.target_environment(PYTHON, PLATFORM))]
     where = ["--target", str(tmp_path / "target"), "--no-index", "--find-links", str(kit), "--find-links", str(stubs)]
-    wanted = ["perfsuite[deepspeed,fairscale,megatron]", wheelhouse.BUILD_BACKEND]
+    wanted = [f"perfsuite[{kit_extras()}]", wheelhouse.BUILD_BACKEND]
     flags = wheelhouse.platform_flags(PYTHON, PLATFORM)
     resolve = [*pip, "install", "--dry-run", "--ignore-installed", "--report", str(report), *where, *flags, *wanted]
     # No pip configuration: only the two folders.
