@@ -66,6 +66,11 @@ PYTEST_SIDE = (
     "perfsuite.extras",
     "perfsuite.fitting",
     "perfsuite.trustworthy",
+    "perfsuite.settings",
+    "perfsuite.results",
+    "perfsuite.launching",
+    "perfsuite.judging",
+    "perfsuite.recording",
 )
 Graph = Mapping[str, set[str]]
 
