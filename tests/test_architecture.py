@@ -67,6 +67,11 @@ PYTEST_SIDE = (
     "perfsuite.fitting",
     "perfsuite.trustworthy",
     "perfsuite.modes",
+    "perfsuite.settings",
+    "perfsuite.results",
+    "perfsuite.launching",
+    "perfsuite.judging",
+    "perfsuite.recording",
 )
 Graph = Mapping[str, set[str]]
 

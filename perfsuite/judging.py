@@ -1,0 +1,152 @@
+"""Judging one measurement against its baseline, and the notes that say how a
+verdict came about.
+
+``judge`` turns a :class:`~perfsuite.results.Measurement` and the stored
+baseline into a :class:`~perfsuite.compare.Judgement`: a failed launch is an
+error, a changed scenario ``definition_changed``, a throttled or too-spread
+measurement ``unreliable``, and a regression measured under contention
+``unreliable`` too (a busy host, not the stack, is the likely cause). The
+session decides how often to measure (confirmation, contention retries); the
+helpers below word what those extra measurements showed. Pytest side,
+torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from perfsuite import definition
+from perfsuite.baselines import BaselineEntry
+from perfsuite.compare import Judgement, MetricCheck, judge_imbalance, judge_metrics, judge_outcome, resolve_tolerances
+from perfsuite.contention import Quiet, contended
+from perfsuite.fingerprint import stack_changes
+from perfsuite.profiles import HardwareProfile
+from perfsuite.results import Measurement
+from perfsuite.stats import ScenarioMetrics
+from perfsuite.trustworthy import untrustworthy
+from perfsuite.workloads.base import BaseScenario
+
+
+def judge(
+    scenario: BaseScenario,
+    measurement: Measurement,
+    baseline: BaselineEntry | None,
+    profile: HardwareProfile,
+    compare: Callable[[MetricCheck], MetricCheck],
+    fingerprint: Callable[[], dict[str, Any]],
+) -> Judgement:
+    """The verdict on one measurement. ``fingerprint`` gives the stack it ran on; it is
+    called only when there is a baseline to compare with (probing another
+    environment's stack takes a subprocess)."""
+    outcome, metrics = measurement.outcome, measurement.metrics
+    if outcome.status == "skipped":
+        return Judgement("skipped", outcome.skip_reason)
+    if outcome.status in ("crash", "timeout"):
+        detail = outcome.failure.describe() if outcome.failure else ""
+        return Judgement("error", f"workers {outcome.status}: {detail}")
+    changed = redefined(scenario, baseline)
+    if changed is not None:
+        return changed
+    expected = baseline.expected if baseline else scenario.expected_outcome(profile.variant_keys)
+    decided = judge_outcome(outcome.status, expected, baseline)
+    if (decided is not None and decided.verdict != "no_baseline") or metrics is None:
+        return decided or Judgement("error", "no metrics")
+    distrust = untrustworthy(metrics)
+    if distrust:
+        return Judgement("unreliable", distrust)
+    if decided is not None or baseline is None:
+        return decided or Judgement("no_baseline", "no baseline recorded")
+    changes = tuple(stack_changes(dict(baseline.fingerprint), fingerprint()))
+    busy = contention_of(metrics, profile)
+    primary = metrics.summary(scenario.primary)
+    if primary is not None and primary.cv > profile.max_cv:
+        # Name the contention when it was measured: it is the likely cause of the spread.
+        cause = f"measured under contention ({busy})" if busy else "busy or throttled machine?"
+        return Judgement(
+            "unreliable",
+            f"{scenario.primary} varies too much to judge: CV {primary.cv:.1%} over this "
+            f"profile's limit {profile.max_cv:.0%} ({cause})",
+            stack_changes=changes,
+        )
+    tolerances = resolve_tolerances(profile.default_tolerances(scenario.metrics), scenario.tolerances, baseline)
+    judgement = judge_metrics(metrics, baseline, tolerances, compare, scenario.metrics)
+    if judgement.verdict == "regression" and busy:
+        return Judgement(
+            "unreliable",
+            f"measured under contention ({busy}), so not judged a regression: {judgement.message}",
+            judgement.checks,
+            changes,
+        )
+    if judgement.verdict != "regression":
+        judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
+    return Judgement(judgement.verdict, judgement.message, judgement.checks, changes)
+
+
+def redefined(scenario: BaseScenario, baseline: BaselineEntry | None) -> Judgement | None:
+    """``definition_changed`` when the scenario is no longer what its baseline was recorded for
+    (None when it is, or when the baseline predates stored definitions)."""
+    recorded = baseline.extra.get("definition") if baseline is not None else None
+    if not isinstance(recorded, Mapping):
+        return None
+    changed = definition.changes(recorded, definition.definition(scenario.to_config()))
+    if not changed:
+        return None
+    return Judgement(
+        "definition_changed",
+        f"the scenario changed since its baseline was recorded ({'; '.join(changed)}), so its figures are "
+        f"not comparable; re-record it: pytest -k '{scenario.id}' --perf-update-baselines",
+    )
+
+
+def contention_of(metrics: ScenarioMetrics, profile: HardwareProfile) -> str:
+    """Why ``metrics`` were measured under contention by this profile's limits ("" if they were not)."""
+    return contended(metrics.contention, profile.max_foreign_cores, profile.max_steal_cores)
+
+
+# -- notes on a verdict that took more than one measurement --------------------
+def confirmed(judgement: Judgement, attempts: list[dict[str, Any]], primary: str) -> Judgement:
+    """A regression that every confirmation reproduced, with the primary metric of each measurement."""
+    seen = ", ".join(f"{_mean(a[primary]):.4g}" for a in attempts if a[primary] is not None)
+    note = f" [confirmed by {len(attempts) - 1} fresh measurement(s); {primary} per measurement: {seen}]"
+    return Judgement(judgement.verdict, judgement.message + note, judgement.checks, judgement.stack_changes)
+
+
+def unconfirmed(judgement: Judgement, attempts: list[dict[str, Any]]) -> Judgement:
+    """The confirmation's verdict, saying which earlier measurement looked like a regression."""
+    first = next(a for a in attempts if a["verdict"] == "regression")
+    if judgement.verdict == "unreliable":  # the confirmation could not be judged: neither noise nor a regression
+        outcome = "could not be judged, so neither is"
+    else:
+        outcome = "did not reproduce it: treated as noise"
+    note = (
+        f"a measurement looked like a regression ({first['message']}) but confirmation "
+        f"measurement {len(attempts) - 1} {outcome}. "
+    )
+    return Judgement(judgement.verdict, note + judgement.message, judgement.checks, judgement.stack_changes)
+
+
+def still_contended(judgement: Judgement, busy: list[str], waited: Quiet | None, retries: int) -> Judgement:
+    """An unreliable verdict that names the contention of every try and why it stopped trying."""
+    if waited is not None:
+        last = f"{waited.last.foreign_cores:.2f} cores busy" if waited.last else "no sample"
+        stop = f"the host did not go quiet within {waited.waited_s:.0f} s ({last})"
+    elif len(busy) > retries:
+        stop = f"all {len(busy)} measurement(s) contended (--perf-contention-retries {retries})"
+    else:
+        stop = "the session's wait budget for a quiet host is spent (--perf-contention-budget)"
+    return replace(judgement, message=f"{judgement.message} [{stop}; {_tries(busy)}]")
+
+
+def remeasured(judgement: Judgement, busy: list[str]) -> Judgement:
+    """A verdict reached once the host went quiet, naming the contention of the tries before."""
+    return replace(judgement, message=f"{judgement.message} [measured again after the host went quiet; {_tries(busy)}]")
+
+
+def _tries(busy: list[str]) -> str:
+    return "; ".join(f"try {n}: {why}" for n, why in enumerate(busy, 1))
+
+
+def _mean(stored: Any) -> float:
+    return float(stored["mean"] if isinstance(stored, dict) else stored)

@@ -1,0 +1,87 @@
+"""Recording a scenario's result as its baseline (``--perf-update-baselines``,
+``--perf-calibrate``).
+
+The entry keeps the measured metrics, the stack's fingerprint, the scenario's
+definition (so a later change is caught as ``definition_changed``), where it
+was recorded from, and on request calibrated tolerances. An OOM that nothing
+expects is refused rather than recorded: recorded silently, the gate would
+pass that OOM from then on. Pytest side, torch-free.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from perfsuite import definition
+from perfsuite.baselines import BaselineStore
+from perfsuite.compare import Judgement
+from perfsuite.results import ScenarioResult, baseline_metrics
+from perfsuite.settings import RunSettings
+from perfsuite.trustworthy import calibrated_tolerances
+from perfsuite.workloads.base import BaseScenario
+
+
+def refused_oom(scenario: BaseScenario, result: ScenarioResult, settings: RunSettings) -> Judgement | None:
+    """An OOM that neither the scenario nor its stored baseline expects is not recorded,
+    unless ``--perf-accept-oom`` names it: recorded silently, the gate would pass that OOM from then on."""
+    if result.status != "oom" or scenario.id in settings.accept_oom:
+        return None
+    stored = result.baseline is not None and result.baseline.expected == "oom"
+    if stored or scenario.expected_outcome(settings.profile.variant_keys) == "oom":
+        return None
+    return Judgement(
+        "unexpected_oom",
+        "ran out of memory where it should fit, so no baseline was recorded (the stored one is unchanged). "
+        f"If the new footprint is intended, record the OOM as expected: --perf-update-baselines "
+        f"--perf-accept-oom {scenario.id}",
+    )
+
+
+def record(
+    scenario: BaseScenario,
+    result: ScenarioResult,
+    store: BaselineStore,
+    settings: RunSettings,
+    provenance: dict[str, Any],
+    fingerprint: Callable[[], dict[str, Any]],
+) -> Judgement:
+    """Write ``result`` into ``store`` as the scenario's baseline (and set it as the result's
+    baseline). ``fingerprint`` gives the stack it ran on, read only once the entry is complete."""
+    profile = settings.profile
+    metrics: dict[str, Any] = {}
+    tolerances: dict[str, float] | None = None
+    extra: dict[str, Any] = {}
+    if result.status == "oom" and scenario.id in settings.accept_oom:
+        extra["oom_accepted"] = {"by": who(), "at": now(), "via": "--perf-accept-oom"}
+    extra["definition"] = definition.definition(scenario.to_config())
+    extra["provenance"] = provenance
+    if result.metrics is not None:
+        metrics = baseline_metrics(result.metrics)
+        if settings.calibrate:
+            tolerances, extra["calibration"] = calibrated_tolerances(
+                result.metrics, profile.default_tolerances(scenario.metrics), profile.calibration_floor_of
+            )
+    entry = store.record(
+        scenario.group, scenario.id, result.status, metrics, fingerprint(), tolerances=tolerances, extra=extra
+    )
+    result.baseline = entry
+    what = "baseline and calibrated tolerances" if tolerances else "baseline"
+    return Judgement("recorded", f"{what} recorded in {store.path(scenario.group)}")
+
+
+def who() -> str:
+    """Who accepted something into a baseline: the login, and the CI job where there is one."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
+        user = f"uid {os.getuid()}"
+    job = os.environ.get("GITHUB_RUN_ID") or os.environ.get("CI_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    return f"{user} (job {job})" if job else user
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
