@@ -1,4 +1,8 @@
-"""Command line: ``python -m perfsuite calibrate|selftest|doctor|bootstrap|history|report|summary``.
+"""Command line: ``python -m perfsuite calibrate|selftest|doctor|bootstrap|history|report|summary|explain``.
+
+``explain`` prints, from a results file, why each regressed scenario got
+slower: its op profile against the one stored with its baseline
+(:mod:`perfsuite.explain`).
 
 ``bootstrap`` makes this runner's profile ready to judge within a time budget
 (:mod:`perfsuite.bootstrap`).
@@ -34,6 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from perfsuite import explaincmd
 from perfsuite.cliargs import at_least, duration, levels
 from perfsuite.exports import historycmd
 from perfsuite.files import atomic_write_json
@@ -69,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bootstrap_parser(commands)
     historycmd.add_parser(commands)  # history DIR: a metric over commits and its change points
     htmlreport_cli.add_parsers(commands)  # report, summary: a results file as a page or a table
+    explaincmd.add_parser(commands)  # explain RESULTS.json: the op-profile diff of each regression
     return parser
 
 
@@ -192,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         return bootstrap(ns, extra)
     if ns.command == "history":
         return historycmd.run(ns)
+    if ns.command == "explain":
+        return explaincmd.run(ns)
     if ns.command in htmlreport_cli.COMMANDS:
         return htmlreport_cli.run(ns)
     if ns.command == "doctor":

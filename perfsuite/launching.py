@@ -97,6 +97,15 @@ class Launches:
             runs.append(aggregate(outcome.reports, work, scenario.metrics))
         return Measurement(tuple(launches), pool(runs, scenario.metrics))
 
+    def launch(
+        self, scenario: BaseScenario, env: str, profile_steps: int = 0, explain_oom: bool = False
+    ) -> tuple[LaunchOutcome, Path]:
+        """One launch that profiles (:mod:`perfsuite.profiling`): its outcome and its reports folder,
+        where the ranks left their traces. Nothing is aggregated: its timings carry the profiler."""
+        job = self.job(scenario, env, None, profile_steps, explain_oom)
+        with self.devices_held(scenario), self.progress.watch(f"{scenario.id} (profiled)", job.reports_dir):
+            return self.launcher_for(scenario).run(job), job.reports_dir
+
     def note_nodes(self, outcome: LaunchOutcome, env: str = CURRENT) -> None:
         """Remember each node's runtime (reported by its local rank 0); another environment's apart."""
         if env != CURRENT:
@@ -124,7 +133,10 @@ class Launches:
         """This host's GPUs as NVML labels them (index, or UUID under CUDA_VISIBLE_DEVICES)."""
         return tuple(str(gpu["index"]) for gpu in self.fingerprint.get("gpus") or [])
 
-    def job(self, scenario: BaseScenario, env: str = CURRENT, slowdown_pct: float | None = None) -> WorkerJob:
+    def job(
+        self, scenario: BaseScenario, env: str = CURRENT, slowdown_pct: float | None = None, profile_steps: int = 0,
+        explain_oom: bool = False,
+    ) -> WorkerJob:  # fmt: skip
         """One launch of ``scenario`` in ``env``, in a fresh work folder; ``slowdown_pct``
         None plants the session's slowdown."""
         profile, settings = self.settings.profile, self.settings
@@ -139,6 +151,8 @@ class Launches:
             steady_threshold=profile.steady_threshold,
             slowdown_pct=settings.slowdown_pct if slowdown_pct is None else slowdown_pct,
             reference_mib=profile.reference_mib,
+            profile_steps=profile_steps,
+            explain_oom=explain_oom,
         )
         topology = self.topology(scenario)
         per_node = topology.ranks_per_node(scenario.world_size) if topology else None

@@ -116,6 +116,20 @@ def add_options(parser: pytest.Parser) -> None:
         "--perf-repeats launches (3 sigma); see 'python -m perfsuite calibrate'",
     )
     group.addoption(
+        "--perf-op-profiles",
+        choices=("auto", "always", "off"),
+        default="auto",
+        help="op profiles (torch.profiler, one extra launch each): auto stores one with every recorded baseline "
+        "and explains a regression or a failing OOM with a fresh one; always also profiles scenarios that "
+        "passed; off never profiles (default auto). Traces go to --perf-artifacts",
+    )
+    group.addoption(
+        "--perf-artifacts",
+        metavar="DIR",
+        help="folder for op-profile traces and allocator snapshots (default: perf-artifacts/ beside "
+        "--perf-json, else in the invocation folder)",
+    )
+    group.addoption(
         "--perf-env",
         metavar="NAME=PYTHON",
         action="append",
@@ -232,3 +246,12 @@ def envs(config: pytest.Config) -> dict[str, PythonEnv]:
         return parse_envs(config.getoption("--perf-env"))
     except EnvError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def artifacts_dir(config: pytest.Config) -> Path:
+    """Where traces and allocator snapshots go: ``--perf-artifacts``, else beside the results file."""
+    given = config.getoption("--perf-artifacts")
+    if given:
+        return Path(given)
+    results = config.getoption("--perf-json")
+    return (Path(results).parent if results else config.invocation_params.dir) / "perf-artifacts"

@@ -115,6 +115,8 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             accept_oom=frozenset(config.getoption("--perf-accept-oom")),
             envs=envs,
             device_wait_s=config.getoption("--perf-device-wait"),
+            op_profiles=config.getoption("--perf-op-profiles"),
+            artifacts_dir=options.artifacts_dir(config),
             **gate.contention_settings(config),
         )
         guards.check_xdist(config)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from perfsuite.files import atomic_write_json
+from perfsuite.opprofile import OpProfile
 
 #: Environment variable naming the pytest process that launched a run
 #: (``host:pid:create_time``): ranks on its host exit when it is gone.
@@ -176,6 +177,12 @@ class RankJob:
     """Warmup ends once the last step times spread less than this (relative)."""
     slowdown_pct: float = 0.0
     """Planted extra device work per step, in percent of a warmup step (gate self-test)."""
+    profile_steps: int = 0
+    """Steady-state steps to profile with ``torch.profiler`` after the measured ones (0: none). Set only
+    for the extra launch that stores or diffs an op profile; a gated launch never profiles."""
+    explain_oom: bool = False
+    """Record allocations through the launch (cpu: the profiler's memory records; CUDA: the allocator's
+    history) so that an OOM reports its largest allocations. Set only for the launch that explains an OOM."""
     reference_mib: int = 0
     """Bytes (MiB) of the fixed reference workload each rank hashes after every
     measured step, timed, to normalise throughput for the machine's speed of the
@@ -251,6 +258,8 @@ class RankReport:
     detail: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Kind-specific facts for the results file (the search table, the FLOP
     formula); rank 0's is kept."""
+    op_profile: OpProfile | None = None
+    """This rank's op profile (``RankJob.profile_steps``)."""
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = encode(self)

@@ -17,6 +17,7 @@ from perfsuite import metrics as registry
 from perfsuite.baselines import BaselineEntry
 from perfsuite.ceilings import Ceilings
 from perfsuite.compare import Judgement
+from perfsuite.explain import Explanation
 from perfsuite.launch import LaunchOutcome
 from perfsuite.stats import ScenarioMetrics, Summary
 from perfsuite.workloads.base import BaseScenario
@@ -53,6 +54,8 @@ class ScenarioResult:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     #: Launcher, nodes and ranks per node this result was measured with.
     launch_info: dict[str, Any] = field(default_factory=dict)
+    #: Its op profile against the baseline's (perfsuite.profiling), when one was taken.
+    explanation: Explanation | None = None
 
     @property
     def verdict(self) -> str:
@@ -78,6 +81,7 @@ class ScenarioResult:
             "launch": self.launch_info,
             "failure": failure.__dict__ if failure else None,
             "wall_s": self.launch.wall_s if self.launch else 0.0,
+            "op_profile": self.explanation.to_json() if self.explanation else None,
         }
 
 

@@ -17,19 +17,22 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from perfsuite import definition, judging, recording
 from perfsuite.baselines import BaselineEntry, BaselineError, BaselineStore
 from perfsuite.ceilings import Ceilings
-from perfsuite.compare import Judgement, MetricCheck, check_metric
+from perfsuite.compare import FAILING, Judgement, MetricCheck, check_metric
 from perfsuite.contention import Quiet, wait_for_quiet
 from perfsuite.envs import CURRENT, build_hint
+from perfsuite.explain import Explanation
 from perfsuite.fingerprint import tracked_packages
 from perfsuite.fitting import fit_to_hardware, launch_precondition
 from perfsuite.launch import Launcher
 from perfsuite.launching import Launches
 from perfsuite.profiles import HardwareProfile
+from perfsuite.profiling import OpProfiles
 from perfsuite.progress import Progress
 from perfsuite.relations import Relation, RelationOutcome, evaluate
 from perfsuite.results import Measurement, ScenarioResult, attempt, baseline_metrics, no_extra_metrics
@@ -74,6 +77,8 @@ class PerfSession:
         self.extra_metrics = extra_metrics
         #: Builds and runs each launch, and keeps what the ranks reported about their nodes.
         self.launches = Launches(settings, fingerprint, launcher, progress or Progress(None))
+        #: The profiled launches that explain a regression or an OOM, and the stored op profiles.
+        self.op_profiles = OpProfiles(settings, self.launches)
         self.store = BaselineStore(settings.baselines_dir, settings.profile.name)
         self._stores: dict[str, BaselineStore] = {CURRENT: self.store}
         self.results: dict[str, ScenarioResult] = {}
@@ -188,6 +193,7 @@ class PerfSession:
         )
         self.ceilings.offer(scenario.to_config(), result.status, _mean_or_none(result.metrics, "tflops"))
         result.extra_metrics.update(self.extra_metrics(result, self.ceilings))
+        self._explain(scenario, result)
         # A throttled run, or one that mostly skipped its updates, must not become the baseline.
         distrusted = measurement.metrics is not None and bool(untrustworthy(measurement.metrics))
         recordable = measurement.status in ("ok", "oom") and not distrusted
@@ -230,7 +236,36 @@ class PerfSession:
         if refused is not None:
             return refused
         fingerprint = functools.partial(self.current_fingerprint, env)
-        return recording.record(scenario, result, self.store_for(env), self.settings, self.provenance, fingerprint)
+        store = self.store_for(env)
+        judgement = recording.record(scenario, result, store, self.settings, self.provenance, fingerprint)
+        if result.status != "ok" or self.settings.op_profiles == "off":
+            return judgement
+        # One more launch, after the measured ones: the op profile a later regression is diffed against.
+        return replace(
+            judgement, message=f"{judgement.message}; {self.op_profiles.record(scenario, env, store.profile)}"
+        )
+
+    def _explain(self, scenario: BaseScenario, result: ScenarioResult) -> None:
+        """Say why, with one more, profiled launch: which ops a regression grew (``always``: any measured
+        scenario), or which allocations an OOM that fails (on CUDA: any OOM) had made."""
+        mode, judgement, env = self.settings.op_profiles, result.judgement, self.env_of(scenario)
+        if mode == "off":
+            return
+        if result.status == "oom" and (judgement.verdict in FAILING or self.profile.device == "cuda"):
+            note = self.op_profiles.allocations(scenario, env)
+            result.judgement = replace(judgement, message=f"{judgement.message}\n{note}")
+            return
+        recording_now = self.settings.update_baselines or self.settings.calibrate
+        wanted = judgement.verdict == "regression" or (mode == "always" and result.status == "ok")
+        if not wanted or recording_now:
+            return
+        found = self.op_profiles.explain(scenario, env, self.store_for(env).profile)
+        if isinstance(found, Explanation):
+            result.explanation = found
+            failed = [c.metric for c in judgement.checks if c.outcome == "regression"]
+            found = found.lead(memory=bool(failed) and scenario.primary not in failed)
+        if judgement.verdict == "regression":
+            result.judgement = replace(judgement, message=f"{found}\n{judgement.message}")
 
     def _contended(self, metrics: ScenarioMetrics | None) -> str:
         """Why ``metrics`` were measured under contention ("" if they were not, or there are none)."""

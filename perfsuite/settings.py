@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from perfsuite.envs import PythonEnv, parse_envs
 from perfsuite.profiles import HardwareProfile
@@ -36,3 +37,5 @@ class RunSettings:
     contention_retries: int = 2  # fresh measurements after a contended one, each after the host went quiet
     contention_wait_s: float = 60.0  # longest wait for a quiet host, per scenario
     contention_budget_s: float = 300.0  # longest waiting in all, per session
+    op_profiles: Literal["auto", "always", "off"] = "off"  # when to profile ops (perfsuite.profiling; the plugin: auto)
+    artifacts_dir: Path = Path("perf-artifacts")  # where traces and allocator snapshots are kept

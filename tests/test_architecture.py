@@ -72,6 +72,10 @@ PYTEST_SIDE = (
     "perfsuite.launching",
     "perfsuite.judging",
     "perfsuite.recording",
+    "perfsuite.explain",
+    "perfsuite.profilestore",
+    "perfsuite.profiling",
+    "perfsuite.explaincmd",
 )
 Graph = Mapping[str, set[str]]
 

@@ -52,7 +52,9 @@ def test_the_busiest_host_and_foreign_gpu_processes_are_named() -> None:
 
 def test_a_regression_measured_under_contention_is_unreliable(tmp_path: Path) -> None:
     record(tmp_path, STEADY)
-    perf, _ = session(tmp_path, [SLOW, SLOW])
+    # No retry: waiting for a quiet host would sample this real host, whose load decides the outcome
+    # (tests/test_coverage.py covers the wait with a scripted host).
+    perf, _ = session(tmp_path, [SLOW, SLOW], contention_retries=0)
     perf.launcher = FakeLauncher([SLOW, SLOW], health=busy())  # type: ignore[misc]
     result = perf.run(SCENARIO)
     assert result.verdict == "unreliable"
@@ -62,7 +64,7 @@ def test_a_regression_measured_under_contention_is_unreliable(tmp_path: Path) ->
 
 def test_too_much_spread_under_contention_names_the_contention(tmp_path: Path) -> None:
     record(tmp_path, STEADY)
-    perf, _ = session(tmp_path, [NOISY])
+    perf, _ = session(tmp_path, [NOISY], contention_retries=0)  # no retry, as above
     perf.launcher = FakeLauncher([NOISY], health=busy())  # type: ignore[misc]
     result = perf.run(SCENARIO)
     assert result.verdict == "unreliable"

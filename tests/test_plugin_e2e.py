@@ -59,7 +59,10 @@ def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester)
     path.write_text(json.dumps(doc))
     doctored = run(project)
     doctored.assert_outcomes(failed=1)
-    doctored.stdout.fnmatch_lines(["*tiny.fp32: regression: samples_per_s*vs baseline*higher is better*"])
+    # The failure leads with the op profile's diff (the code did not change: no op moved), then the metrics.
+    doctored.stdout.fnmatch_lines(
+        ["*tiny.fp32: regression: op profile: *", "samples_per_s*vs baseline*higher is better*"]
+    )
 
     # Quarantined, it still runs and is reported, but does not gate; a run that judged nothing else still fails.
     (path.parent / "quarantine.toml").write_text(
@@ -68,7 +71,7 @@ def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester)
     held = run(project, f"--perf-json={project.path / 'q.json'}")
     held.assert_outcomes(skipped=1)
     held.stdout.fnmatch_lines(["*tiny.fp32: QUARANTINED, not gating (quarantined until 2099-01-01 by ci: doctored); "
-                               "regression: samples_per_s*"])  # fmt: skip
+                               "regression: op profile: *"])  # fmt: skip
     coverage = json.loads((project.path / "q.json").read_text())["coverage"]
     assert coverage["quarantined"] == ["tiny.fp32"] and coverage["judged"] == []
     assert held.ret == pytest.ExitCode.TESTS_FAILED
@@ -126,6 +129,8 @@ def test_expected_oom_passes_and_unexpected_outcomes_fail(project: pytest.Pytest
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(["PASSED*mem.big-expected*"])
     result.stdout.fnmatch_lines(["mem.big-unexpected: unexpected_oom: ran out of memory*"])
+    # One more launch recorded allocations up to the OOM (the profiler's memory records): the largest are named.
+    result.stdout.fnmatch_lines(["rank ? largest allocations before the OOM: aten::* MiB*"])
     result.stdout.fnmatch_lines(["mem.tiny-expected: unexpected_pass:*--perf-update-baselines*"])
     # Both big runs really ran out of memory in a rank (status oom), the tiny one trained.
     result.stdout.fnmatch_lines(["mem.big-expected*oom*expected_oom*", "mem.big-unexpected*oom*unexpected_oom*"])
@@ -296,7 +301,10 @@ def test_planted_slowdown_fails_after_confirmation(project: pytest.Pytester) -> 
     # 4x the work per step: far beyond the cpu profile's 40% tolerance.
     result = run(project, "--perf-inject-slowdown=300")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*tiny.fp32: regression: samples_per_s*confirmed by 1 fresh measurement*"])
+    result.stdout.fnmatch_lines([
+        "*tiny.fp32: regression: op profile: new op perfsuite::planted_slowdown +*",
+        "samples_per_s*confirmed by 1 fresh measurement*",
+    ])  # fmt: skip
 
 
 def test_calibrate_command_writes_tolerances(project: pytest.Pytester) -> None:

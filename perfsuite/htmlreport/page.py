@@ -14,6 +14,7 @@ import jinja2
 from perfsuite.files import atomic_write_text
 from perfsuite.htmlreport import efficiency, plots, summary
 from perfsuite.htmlreport import results as res
+from perfsuite.opprofile import TABLE_COLUMNS
 
 TEMPLATE = "page.html.j2"
 #: Config fields shown under a scenario's heading, when the kind has them.
@@ -35,6 +36,8 @@ def render(document: Mapping[str, Any], source: str, history: Path | None = None
         columns=summary.columns(document),
         rows=list(zip(summary.rows(document), (res.style(r["verdict"]) for r in document["results"]), strict=True)),
         overview=plots.overview(document),
+        explanations=summary.explanations(document),
+        op_columns=TABLE_COLUMNS,
         relations=document.get("relations") or [],
         costs=efficiency.cost_groups(document),
         ceilings=efficiency.ceilings(document),

@@ -4,10 +4,13 @@ CI job summary (``$GITHUB_STEP_SUMMARY``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from perfsuite import metrics as registry
+from perfsuite.explain import Explanation
 from perfsuite.htmlreport import results as res
+from perfsuite.opprofile import TABLE_COLUMNS
 from perfsuite.workloads.base import ran_otherwise
 
 #: The columns every summary has; the registry's gated metrics go between "tolerance" and "detail".
@@ -84,6 +87,30 @@ def _table(header: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
     return lines + ["| " + " | ".join(_cell(c) for c in cells) + " |" for cells in body]
 
 
+@dataclass(frozen=True)
+class Why:
+    """A result's op-profile diff as the reports show it (:mod:`perfsuite.explain`)."""
+
+    id: str
+    lead: str
+    rows: list[tuple[str, ...]]
+    trace: str
+
+
+def explanations(document: Mapping[str, Any]) -> list[Why]:
+    """Every result that carries an op profile: its lead line and diff table, regressions first."""
+    found = []
+    for result in document["results"]:
+        if result.get("op_profile"):
+            explained = Explanation.from_json(result["op_profile"])
+            table = explained.diff()
+            rows = table.table() if table is not None else []
+            found.append(
+                (result["verdict"] != "regression", Why(result["id"], explained.lead(), rows, explained.trace))
+            )
+    return [why for _, why in sorted(found, key=lambda pair: pair[0])]
+
+
 def markdown(document: Mapping[str, Any]) -> str:
     """The job-summary section: headline, one row per scenario, the relations."""
     body = []
@@ -102,6 +129,10 @@ def markdown(document: Mapping[str, Any]) -> str:
             ("relation", "status", "detail"),
             [(f"`{r.get('id', '?')}`", str(r.get("status", "?")), str(r.get("message", ""))) for r in relations],
         )
+    for why in explanations(document):
+        lines += ["", f"### Why `{why.id}` changed", "", why.lead, ""]
+        lines += _table(TABLE_COLUMNS, [(f"`{r[0]}`", *r[1:]) for r in why.rows]) if why.rows else []
+        lines += ["", f"Trace: `{why.trace}` (open it in https://ui.perfetto.dev)"] if why.trace else []
     machine = document.get("machine") or {}
     gpus = ", ".join(str(g.get("name", g)) if isinstance(g, Mapping) else str(g) for g in machine.get("gpus") or [])
     packages = ", ".join(f"{k} {v}" for k, v in (machine.get("packages") or {}).items())

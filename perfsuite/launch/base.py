@@ -84,6 +84,8 @@ class LaunchOutcome:
     failure: RankFailure | None = None
     skip_reason: str = ""
     wall_s: float = 0.0
+    failed_reports: Sequence[RankReport] = ()
+    """Reports of the ranks that failed and said how (an OOM's allocations, when recorded), rank order."""
 
 
 class Launcher(ABC):
@@ -161,7 +163,8 @@ def _classify_failure(job: WorkerJob, reports: Mapping[int, RankReport], wall_s:
     rank = (oom_ranks or list(killed) or reported or failed)[0]
     message = (reports[rank].error if rank in reports else "") or _no_report(killed.get(rank))
     failure = RankFailure(rank, message, tails[rank], read_phase(job, rank))
-    return LaunchOutcome("oom" if oom_ranks else "crash", [], failure, wall_s=wall_s)
+    said = [reports[r] for r in sorted(reports) if reports[r].status in ("oom", "crash")]
+    return LaunchOutcome("oom" if oom_ranks else "crash", [], failure, wall_s=wall_s, failed_reports=said)
 
 
 # torchrun's failure summary: "Root Cause (first observed failure):" then a block

@@ -35,6 +35,7 @@ from perfsuite.protocol import (
 )
 from perfsuite.worker import graph, watchdog
 from perfsuite.worker.base import Runner
+from perfsuite.worker.profiling import OomRecorder, is_oom
 from perfsuite.worker.quickexit import exit_now, exit_when_returned
 from perfsuite.worker.runtime import (
     Reporter,
@@ -45,13 +46,6 @@ from perfsuite.worker.runtime import (
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 PR_SET_NAME = 15
-
-
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
-        return True
-    text = str(exc)
-    return "out of memory" in text or "can't allocate memory" in text or "bad_alloc" in text
 
 
 def run(job: RankJob, runner: Runner, ctx: WorkerContext, reporter: Reporter) -> RankReport:
@@ -106,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     runner: Runner = import_object(job.spec.runner)(job)  # before CUDA is touched
     ctx = WorkerContext.from_env(job.device)
     reporter = Reporter(Path(job.reports_dir), ctx.rank)
+    recorder = OomRecorder(ctx.device, Path(job.reports_dir), ctx.rank) if job.explain_oom else None
     try:
-        report, code = run(job, runner, ctx, reporter), 0
+        with recorder or contextlib.nullcontext():
+            report, code = run(job, runner, ctx, reporter), 0
     except EngineUnavailable as exc:
         report, code = RankReport(rank=ctx.rank, status="skipped", error=str(exc)), 0
     except BaseException as exc:
@@ -115,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         lift_cpu_memory_budget()
         traceback.print_exc()
         status: RankStatus = "oom" if is_oom(exc) else "crash"
-        report = RankReport(rank=ctx.rank, status=status, error=f"{type(exc).__name__}: {exc}"[:2000])
+        allocations = recorder.summary if recorder is not None else None
+        report = RankReport(rank=ctx.rank, status=status, error=f"{type(exc).__name__}: {exc}"[:2000],
+                            op_profile=allocations)  # fmt: skip
         code = 1
     reporter.write(report)
     if code == 0:  # on failure the phase file keeps where the rank failed

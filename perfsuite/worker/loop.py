@@ -8,11 +8,13 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from perfsuite.opprofile import PLANTED_REGION, OpProfile
 from perfsuite.protocol import RankJob, RankReport
 from perfsuite.worker.health import HealthTracker
 from perfsuite.worker.memory import MemoryTracker
@@ -33,6 +35,7 @@ class LoopResult:
     memory: dict[str, Any] = field(default_factory=dict)
     health: dict[str, Any] = field(default_factory=dict)
     reference_times_s: list[float] = field(default_factory=list)
+    op_profile: OpProfile | None = None
 
     def report(self, rank: int, **fields: Any) -> RankReport:
         """This rank's ``ok`` report of the loop; a kind adds its own ``fields``
@@ -46,6 +49,7 @@ class LoopResult:
             reference_times_s=tuple(self.reference_times_s),
             memory=self.memory,
             health=self.health,
+            op_profile=self.op_profile,
             **fields,
         )
 
@@ -70,11 +74,13 @@ def burn(seconds: float, ctx: WorkerContext) -> None:
     """Real device work for about ``seconds`` (the planted slowdown): matmuls
     on the device, synchronised, so it is as visible to the timer as slower
     kernels would be."""
-    a = torch.randn(256, 256, device=ctx.device)
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        a = torch.tanh(a @ a)
-        ctx.synchronize()
+    # Its own profiler region: an op profile shows it as perfsuite's, not as slower model ops.
+    with torch.profiler.record_function(PLANTED_REGION):
+        a = torch.randn(256, 256, device=ctx.device)
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            a = torch.tanh(a @ a)
+            ctx.synchronize()
 
 
 class Reference:
@@ -159,4 +165,13 @@ def measure(step: Step, job: RankJob, ctx: WorkerContext, reporter: Reporter) ->
         memory.result.detail,
         health.result,
         reference.times if reference is not None else [],
+        _profiled(timer, job, ctx, statistics.median(times)) if job.profile_steps else None,
     )
+
+
+def _profiled(timer: StepTimer, job: RankJob, ctx: WorkerContext, unprofiled_s: float) -> OpProfile:
+    """``job.profile_steps`` more steps under the profiler, after the measured ones."""
+    from perfsuite.worker.profiling import run_profiled  # torch.profiler: only in launches that profile
+
+    trace = Path(job.reports_dir) / f"trace-rank{ctx.rank}.json"  # not rank*.json: that is a report
+    return run_profiled(timer, job.profile_steps, ctx.device, unprofiled_s, trace)
