@@ -98,11 +98,11 @@ class Launches:
         return Measurement(tuple(launches), pool(runs, scenario.metrics))
 
     def launch(
-        self, scenario: BaseScenario, env: str, profile_steps: int = 0, explain_oom: bool = False
+        self, scenario: BaseScenario, env: str, profile_steps: int = 0, trace: bool = False, explain_oom: bool = False
     ) -> tuple[LaunchOutcome, Path]:
         """One launch that profiles (:mod:`perfsuite.profiling`): its outcome and its reports folder,
         where the ranks left their traces. Nothing is aggregated: its timings carry the profiler."""
-        job = self.job(scenario, env, None, profile_steps, explain_oom)
+        job = self.job(scenario, env, None, profile_steps, explain_oom, trace)
         with self.devices_held(scenario), self.progress.watch(f"{scenario.id} (profiled)", job.reports_dir):
             return self.launcher_for(scenario).run(job), job.reports_dir
 
@@ -135,7 +135,7 @@ class Launches:
 
     def job(
         self, scenario: BaseScenario, env: str = CURRENT, slowdown_pct: float | None = None, profile_steps: int = 0,
-        explain_oom: bool = False,
+        explain_oom: bool = False, profile_trace: bool = False,
     ) -> WorkerJob:  # fmt: skip
         """One launch of ``scenario`` in ``env``, in a fresh work folder; ``slowdown_pct``
         None plants the session's slowdown."""
@@ -146,12 +146,15 @@ class Launches:
             spec=scenario.rank_spec(),
             device=profile.device,
             reports_dir=str(workdir / "reports"),
-            rank_memory_budget_mib=profile.rank_memory_budget_mib,
+            # A profiled launch is about time: the profiler's own records must not push a rank that fits
+            # into the cpu memory limit over it. An OOM's explanation keeps the limit, to reproduce it.
+            rank_memory_budget_mib=None if profile_steps else profile.rank_memory_budget_mib,
             device_memory_cap_mib=profile.device_memory_cap_mib,
             steady_threshold=profile.steady_threshold,
             slowdown_pct=settings.slowdown_pct if slowdown_pct is None else slowdown_pct,
             reference_mib=profile.reference_mib,
             profile_steps=profile_steps,
+            profile_trace=profile_trace,
             explain_oom=explain_oom,
         )
         topology = self.topology(scenario)

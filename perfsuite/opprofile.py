@@ -31,8 +31,9 @@ TOP_OPS = 40
 REGION_PREFIX = "perfsuite::"
 PLANTED_REGION = "perfsuite::planted_slowdown"
 #: Profiled steps per launch: a few steady-state steps after the measured ones (and one before
-#: them under the profiler, discarded: the profiler's start-up lands in it).
-STEPS = 5
+#: them under the profiler, discarded: the profiler's start-up lands in it). Reading the profiler's
+#: events back costs a rank about 0.2 s per profiled step of a small GPT on one cpu core.
+STEPS = 3
 #: An op's change is listed only beyond this share of the baseline's step time, so that an
 #: unchanged rerun lists nothing (tests/test_opprofile.py checks it on real profiles).
 NOISE_SHARE = 0.10
@@ -73,6 +74,9 @@ class OpProfile:
     ranks: int = 1
     rank_time_us: tuple[float, ...] = ()
     """Per rank, the profiled time per step of all its ops (merged profiles)."""
+    processing_s: float = 0.0
+    """Wall time the rank spent after the profiled steps: reading the profiler's events, summarising
+    them and writing the trace (merged: the slowest rank's)."""
     trace: str = ""
     """The gzipped Chrome trace of these steps (a rank's: its file name in the reports folder;
     merged: where the session kept it); "" when none was kept (over the size cap)."""
@@ -144,6 +148,7 @@ def merge(profiles: Sequence[OpProfile]) -> OpProfile:
         top((mean_of(name) for name in names if name != OTHER), first.device) + _others(profiles, n),
         ranks=n,
         rank_time_us=tuple(p.time_us for p in profiles),
+        processing_s=max(p.processing_s for p in profiles),
         trace=first.trace,
     )
 

@@ -18,7 +18,6 @@ from typing import Literal
 
 from perfsuite.baselines import BaselineError
 from perfsuite.explain import Explanation
-from perfsuite.launch import LaunchOutcome
 from perfsuite.launching import Launches
 from perfsuite.opprofile import STEPS, OpProfile, merge
 from perfsuite.profilestore import ProfileStore
@@ -48,7 +47,7 @@ class OpProfiles:
 
     def record(self, scenario: BaseScenario, env: str, folder: str) -> str:
         """Profile ``scenario`` and store it beside its baseline; what to add to the verdict's message."""
-        profile, why = self._profile(scenario, env)
+        profile, why = self._profile(scenario, env, trace=False)
         if profile is None:
             return f"no op profile stored: {why}"
         store = self.store_for(folder)
@@ -57,7 +56,7 @@ class OpProfiles:
 
     def explain(self, scenario: BaseScenario, env: str, folder: str) -> Explanation | str:
         """A fresh profile against the stored one (or why there is none)."""
-        profile, why = self._profile(scenario, env)
+        profile, why = self._profile(scenario, env, trace=True)
         if profile is None:
             return f"op profile: none ({why})"
         store = self.store_for(folder)
@@ -70,7 +69,7 @@ class OpProfiles:
 
     def allocations(self, scenario: BaseScenario, env: str) -> str:
         """One launch recording allocations up to its OOM: the largest ones, per failing rank."""
-        outcome, folder = self._launch(scenario, env, explain_oom=True)
+        outcome, folder = self.launches.launch(scenario, env, explain_oom=True)
         lines = []
         for report in outcome.failed_reports:
             summary = report.op_profile
@@ -84,9 +83,9 @@ class OpProfiles:
         return "\n".join(lines) or f"no allocations recorded before the OOM (that launch ended {outcome.status})"
 
     # -- launches ---------------------------------------------------------------------
-    def _profile(self, scenario: BaseScenario, env: str) -> tuple[OpProfile | None, str]:
+    def _profile(self, scenario: BaseScenario, env: str, trace: bool) -> tuple[OpProfile | None, str]:
         """A profiled launch's ranks merged, with rank 0's trace kept; (None, why) when it gave none."""
-        outcome, folder = self._launch(scenario, env)
+        outcome, folder = self.launches.launch(scenario, env, profile_steps=STEPS, trace=trace)
         profiles = [r.op_profile for r in outcome.reports if r.op_profile is not None]
         if outcome.status != "ok":
             return None, f"the profiled launch ended {outcome.status}"
@@ -94,10 +93,6 @@ class OpProfiles:
             return None, f"a {scenario.kind} scenario's ranks report no op profile"
         merged = merge(profiles)
         return replace(merged, trace=self._keep(scenario, folder, merged.trace) if merged.trace else ""), ""
-
-    def _launch(self, scenario: BaseScenario, env: str, explain_oom: bool = False) -> tuple[LaunchOutcome, Path]:
-        steps = 0 if explain_oom else STEPS
-        return self.launches.launch(scenario, env, profile_steps=steps, explain_oom=explain_oom)
 
     def _keep(self, scenario: BaseScenario, folder: Path, name: str) -> str:
         """Copy ``name`` from a launch's reports folder into the artifacts folder; its new path."""

@@ -180,6 +180,8 @@ class RankJob:
     profile_steps: int = 0
     """Steady-state steps to profile with ``torch.profiler`` after the measured ones (0: none). Set only
     for the extra launch that stores or diffs an op profile; a gated launch never profiles."""
+    profile_trace: bool = False
+    """With ``profile_steps``: also write rank 0's Chrome trace (the launch that explains a regression)."""
     explain_oom: bool = False
     """Record allocations through the launch (cpu: the profiler's memory records; CUDA: the allocator's
     history) so that an OOM reports its largest allocations. Set only for the launch that explains an OOM."""

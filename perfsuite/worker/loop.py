@@ -21,6 +21,7 @@ from perfsuite.worker.memory import MemoryTracker
 from perfsuite.worker.runtime import Reporter, WorkerContext
 
 STEADY_WINDOW = 3  # trailing warmup steps whose spread decides "settled"
+PROFILED_LAUNCH_STEPS = 3  # measured steps of a launch that profiles (their median is its reference)
 
 #: One step of the workload; ``last`` is True on the final measured step.
 Step = Callable[[bool], None]
@@ -149,10 +150,12 @@ def measure(step: Step, job: RankJob, ctx: WorkerContext, reporter: Reporter) ->
         timer.burn_s = slowdown * slowest_rank(timer(), ctx)
     times: list[float] = []
     reference = Reference(job.reference_mib) if job.reference_mib else None
+    # A launch that profiles needs only the unprofiled step time of its own from these steps.
+    steps = min(spec.steps, PROFILED_LAUNCH_STEPS) if job.profile_steps else spec.steps
     with MemoryTracker.for_device(ctx.device) as memory, HealthTracker.for_device(ctx.device) as health:
-        for i in range(spec.steps):
-            reporter.phase(f"measure step {i + 1}/{spec.steps}")
-            times.append(timer(last=i == spec.steps - 1))
+        for i in range(steps):
+            reporter.phase(f"measure step {i + 1}/{steps}")
+            times.append(timer(last=i == steps - 1))
             if reference is not None:
                 reference()
             memory.sample()
@@ -173,5 +176,6 @@ def _profiled(timer: StepTimer, job: RankJob, ctx: WorkerContext, unprofiled_s: 
     """``job.profile_steps`` more steps under the profiler, after the measured ones."""
     from perfsuite.worker.profiling import run_profiled  # torch.profiler: only in launches that profile
 
-    trace = Path(job.reports_dir) / f"trace-rank{ctx.rank}.json"  # not rank*.json: that is a report
+    wanted = job.profile_trace and ctx.rank == 0
+    trace = Path(job.reports_dir) / f"trace-rank{ctx.rank}.json" if wanted else None  # not rank*.json: a report's
     return run_profiled(timer, job.profile_steps, ctx.device, unprofiled_s, trace)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import shutil
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -38,10 +39,12 @@ def run_profiled(
             took = step()
             prof.step()
             times += [took] if i else []
-    kind = "cuda" if device.type == "cuda" else "cpu"
+    kind, started = "cuda" if device.type == "cuda" else "cpu", time.perf_counter()
     stats = summarise(prof.events(), steps)
     kept = _write_trace(prof, trace) if trace is not None else ""
-    return OpProfile(kind, steps, statistics.fmean(times), unprofiled_step_s, top(stats, kind), trace=kept)
+    processing_s = time.perf_counter() - started
+    return OpProfile(kind, steps, statistics.fmean(times), unprofiled_step_s, top(stats, kind),
+                     processing_s=processing_s, trace=kept)  # fmt: skip
 
 
 def summarise(events: Iterable[Any], steps: int) -> list[OpStat]:
