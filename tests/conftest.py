@@ -13,6 +13,16 @@ from perfsuite.protocol import RANK_PROCESS_PREFIX
 
 pytest_plugins = ["pytester"]
 
+
+@pytest.fixture
+def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """pytester, whose runs skip the op profiles' extra launches (one per recorded baseline and per
+    regression: about a minute of CI). The tests of op profiles pass --perf-op-profiles=auto, which comes
+    after PYTEST_ADDOPTS on the command line and wins. (pytester clears PYTEST_ADDOPTS when it starts.)"""
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--perf-op-profiles=off")
+    return pytester
+
+
 #: Tests of cpu behaviour pin the cpu profile, so they pass on GPU machines too.
 CPU_PROFILE = "--perf-profile=cpu"
 #: A fake ``pynvml`` (tests/fake_nvml) that presents the GPUs in FAKE_NVML_GPUS.

@@ -151,8 +151,8 @@ MATMULS = ("aten::addmm", "aten::mm", "aten::linear", "aten::bmm", "aten::matmul
 
 
 def gate(project: pytest.Pytester, out: Path, *args: str) -> pytest.RunResult:
-    return project.runpytest_subprocess(CPU_PROFILE, "--perf-confirm=0", f"--perf-json={out}", "-p",
-                                        "no:cacheprovider", *args)  # fmt: skip
+    return project.runpytest_subprocess(CPU_PROFILE, "--perf-op-profiles=auto", "--perf-confirm=0",
+                                        f"--perf-json={out}", "-p", "no:cacheprovider", *args)  # fmt: skip
 
 
 @pytest.mark.serial  # timings: a neighbouring test's launches would be contention
