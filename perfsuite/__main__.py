@@ -132,8 +132,9 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
             for _ in range(ns.trials):
                 plant = [f"--perf-ab={ns.ab}", f"--perf-ab-inject-slowdown={level}"] if ns.ab else [
                     f"--perf-inject-slowdown={level}"]  # fmt: skip
+                # No op profile of each caught regression: the trial asks whether it failed, not why.
                 cmd = [sys.executable, "-m", "pytest", *ns.paths, "-k", ns.keyword, "-q", "-p", "no:cacheprovider",
-                       *plant, f"--perf-json={out}", *extra]  # fmt: skip
+                       *plant, "--perf-op-profiles=off", f"--perf-json={out}", *extra]  # fmt: skip
                 code = subprocess.run(cmd, capture_output=True, check=False).returncode
                 verdicts = ab_verdicts(out, cmd, code) if ns.ab else trial_verdicts(out, cmd, code)
                 caught += "regression" in verdicts

@@ -214,3 +214,21 @@ def test_the_job_summary_and_the_page_show_the_diff_table(tmp_path: Path) -> Non
 
     page = render(doc, "results.json")
     assert "Why g.s changed" in page and "<td>aten::addmm</td>" in page
+
+
+def test_a_cuda_kernel_counts_once_under_the_op_that_launched_it() -> None:
+    """On CUDA the profiler lists a kernel as an event of its own besides the op that launched it, whose
+    self device time already holds the kernel's (seen on the H100): the summary keeps the op only."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from perfsuite.worker.profiling import summarise
+
+    def event(name: str, device: object, cpu_us: float, device_us: float) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device, cpu_parent=None, self_cpu_time_total=cpu_us,
+                               self_device_time_total=device_us, self_cpu_memory_usage=0,
+                               self_device_memory_usage=0)  # fmt: skip
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    stats = summarise([event("aten::mm", cpu, 20.0, 14_500.0), event("sm90_xmma_gemm", cuda, 0.0, 14_400.0)], 1)
+    assert [(s.name, s.device_us) for s in stats] == [("aten::mm", 14_500.0)]

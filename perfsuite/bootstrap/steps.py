@@ -129,10 +129,12 @@ def pytest_step(step: Step, ctx: Context, timeout_s: float, done: frozenset[str]
     results_path, log = ctx.results_path(step), ctx.log_path(step)
     results_path.unlink(missing_ok=True)
     nodeids = [t.nodeid for t in step.targets]
+    # Only a baseline step stores an op profile (one more launch each); the others would pay for one on
+    # every judged regression or calibration, which the budget's estimates do not hold.
     if step.kind == "cv":
-        flags: tuple[str, ...] = ("--perf-calibrate", f"--perf-repeats={step.launches}")
+        flags: tuple[str, ...] = ("--perf-calibrate", f"--perf-repeats={step.launches}", "--perf-op-profiles=off")
     elif step.kind == "ceilings" and all(t.id in done for t in step.targets):
-        flags = ()  # same-session figures, judged against the recorded ones: nothing rewritten
+        flags = ("--perf-op-profiles=off",)  # same-session figures, judged against the recorded ones
     else:
         flags = ("--perf-update-baselines",)
     start = time.monotonic()
