@@ -72,13 +72,14 @@ def judge(
         )
     tolerances = resolve_tolerances(profile.default_tolerances(scenario.metrics), scenario.tolerances, baseline)
     judgement = judge_metrics(metrics, baseline, tolerances, compare, scenario.metrics)
-    if judgement.verdict == "regression" and busy:
-        return Judgement(
-            "unreliable",
-            f"measured under contention ({busy}), so not judged a regression: {judgement.message}",
-            judgement.checks,
-            changes,
-        )
+    # A grown step-to-step spread doubts a slower primary metric only: memory does not jitter with the host.
+    slower = any(c.metric == scenario.primary and c.outcome == "regression" for c in judgement.checks)
+    doubt = (
+        f"measured under contention ({busy})" if busy else slower and spread_grew(scenario, metrics, baseline, profile)
+    )
+    if judgement.verdict == "regression" and doubt:
+        return Judgement("unreliable", f"{doubt}, so not judged a regression: {judgement.message}",
+                         judgement.checks, changes)  # fmt: skip
     if judgement.verdict != "regression":
         judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
     return Judgement(judgement.verdict, judgement.message, judgement.checks, changes)
@@ -97,6 +98,29 @@ def redefined(scenario: BaseScenario, baseline: BaselineEntry | None) -> Judgeme
         "definition_changed",
         f"the scenario changed since its baseline was recorded ({'; '.join(changed)}), so its figures are "
         f"not comparable; re-record it: pytest -k '{scenario.id}' --perf-update-baselines",
+    )
+
+
+#: Per-step spread a grown spread must also exceed: under it, even a several-fold
+#: growth leaves the mean as well known as the tolerance needs.
+SPREAD_GROWTH_FLOOR = 0.02
+
+
+def spread_grew(
+    scenario: BaseScenario, metrics: ScenarioMetrics, baseline: BaselineEntry, profile: HardwareProfile
+) -> str:
+    """Why the primary metric's step-to-step spread says the machine changed since the
+    baseline ("" if it does not, or either side lacks a spread)."""
+    growth, now = profile.max_spread_growth, metrics.summary(scenario.primary)
+    stored = baseline.metrics.get(scenario.primary)
+    if growth is None or now is None or not isinstance(stored, Mapping) or not stored.get("mean"):
+        return ""
+    then = float(stored.get("std", 0.0)) / float(stored["mean"])
+    if now.cv <= max(growth * then, SPREAD_GROWTH_FLOOR):
+        return ""
+    return (
+        f"{scenario.primary} spreads {now.cv:.1%} step to step against {then:.1%} when its baseline was "
+        f"recorded (over {growth:g}x): the machine is not in the state its baseline describes"
     )
 
 

@@ -16,6 +16,7 @@ import pytest
 from perfsuite import gate
 from perfsuite.cost import Job
 from perfsuite.envs import EnvError, PythonEnv, parse_envs
+from perfsuite.settings import OP_PROFILE_MODES
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -117,7 +118,7 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--perf-op-profiles",
-        choices=("auto", "always", "off"),
+        choices=OP_PROFILE_MODES,
         default="auto",
         help="op profiles (torch.profiler, one extra launch each): auto stores one with every recorded baseline "
         "and explains a regression or a failing OOM with a fresh one; always also profiles scenarios that "

@@ -56,6 +56,14 @@ class HardwareProfile:
     #: unjudgeable; the mean of 20 such steps is still known to ~2%, and the
     #: gate's Welch test uses that spread.
     max_cv: float = 0.15
+    #: A regression whose primary metric spreads step to step more than this many
+    #: times as much as when its baseline was recorded (and by over 2%) is
+    #: ``unreliable``: the machine is not in the state the baseline and its
+    #: tolerance describe. Seen on an H100 (2026-11-26, fourth session): BERT
+    #: fine-tuning AMP, recorded at 0.8% per-step CV, ran at 5.4% on another day
+    #: and fell 8-14% in two launches with nothing planted. None: off (cpu, where
+    #: the contention probe and wide tolerances cover a busy host).
+    max_spread_growth: float | None = 3.0
     #: Warmup ends once the last 3 step times spread less than this (relative).
     steady_threshold: float = 0.05
     #: MiB of the reference workload each rank times after every measured step
@@ -140,6 +148,7 @@ CPU = HardwareProfile(
     # Tiny CPU steps take milliseconds to a second; a CV of 15-40% is normal
     # on a shared 2-core machine, so only chaos is called unreliable.
     max_cv=0.5,
+    max_spread_growth=None,
     # Measured for model_state_sharding's cpu shape (torch 2.13, DeepSpeed
     # 0.19.8, transformers 5.23) by running it under budgets 50 MiB apart:
     # fp32 DDP needs 900-950 MiB; the heaviest run that must fit, bf16 ZeRO-3,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
 from perfsuite.baselines import BaselineError
 from perfsuite.explain import Explanation
@@ -24,9 +23,6 @@ from perfsuite.profilestore import ProfileStore
 from perfsuite.settings import RunSettings
 from perfsuite.workloads.base import BaseScenario
 
-Mode = Literal["auto", "always", "off"]
-MODES: tuple[Mode, ...] = ("auto", "always", "off")
-
 
 class OpProfiles:
     """Profiled launches of one session, and the stored profiles of each environment."""
@@ -34,10 +30,6 @@ class OpProfiles:
     def __init__(self, settings: RunSettings, launches: Launches) -> None:
         self.settings, self.launches = settings, launches
         self._stores: dict[str, ProfileStore] = {}
-
-    @property
-    def mode(self) -> Mode:
-        return self.settings.op_profiles
 
     def store_for(self, folder: str) -> ProfileStore:
         """The op profiles beside baselines folder ``folder`` (``<profile>`` or ``<profile>@<env>``)."""

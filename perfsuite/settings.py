@@ -11,10 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from perfsuite.envs import PythonEnv, parse_envs
 from perfsuite.profiles import HardwareProfile
+
+#: When to profile ops (perfsuite.profiling): ``--perf-op-profiles`` offers these.
+OpProfileMode = Literal["auto", "always", "off"]
+OP_PROFILE_MODES: tuple[OpProfileMode, ...] = get_args(OpProfileMode)
 
 
 @dataclass(frozen=True)
@@ -37,5 +41,5 @@ class RunSettings:
     contention_retries: int = 2  # fresh measurements after a contended one, each after the host went quiet
     contention_wait_s: float = 60.0  # longest wait for a quiet host, per scenario
     contention_budget_s: float = 300.0  # longest waiting in all, per session
-    op_profiles: Literal["auto", "always", "off"] = "off"  # when to profile ops (perfsuite.profiling; the plugin: auto)
+    op_profiles: OpProfileMode = "off"  # when to profile ops (perfsuite.profiling; the plugin: auto)
     artifacts_dir: Path = Path("perf-artifacts")  # where traces and allocator snapshots are kept

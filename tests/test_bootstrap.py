@@ -135,11 +135,11 @@ def test_a_step_at_the_budgets_end_is_stopped_with_its_whole_process_group(tmp_p
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
 
 
-def dry_run(gpus: int, tmp_path: Path) -> str:
+def dry_run(gpus: int, tmp_path: Path, *args: str) -> str:
     env = {**os.environ, "PYTHONPATH": f"{FAKE_NVML}{os.pathsep}{ROOT}", "FAKE_NVML_GPUS": ";".join([H100] * gpus)}
     done = subprocess.run(
         [sys.executable, "-m", "perfsuite", "bootstrap", "--dry-run", "--budget", "8m",
-         "--baselines", str(tmp_path / "none")],
+         "--baselines", str(tmp_path / "none"), *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -244,6 +244,13 @@ def test_the_plan_for_one_h100_records_the_seed_shapes_that_fit_one_gpu(tmp_path
     assert len(groups) == len(set(groups)) >= 5  # one scenario per group before a second of any
     assert "-- the budget ends here (480 s)" in plan
     assert plan.index("2 ceilings") < plan.index("the budget ends here")
+
+
+def test_the_seeds_data_parallel_oom_is_not_expected_of_one_capped_gpu(tmp_path: Path) -> None:
+    # On one H100 capped at 32 GiB, GPT-1.3B fp32 DDP trained (30,137 MiB): the seed's OOM took 4 ranks.
+    plan = dry_run(1, tmp_path, "--perf-profile", "cuda-32gb", "-k", "ddp_fp32 or ddp_amp")
+    assert "needs at least 2 GPUs" in target_line(plan, "model_state_sharding.ddp_fp32")
+    assert "1 rank(s)" in target_line(plan, "model_state_sharding.ddp_amp")
 
 
 def test_the_plan_for_eight_h100s_runs_the_seed_world_sizes(tmp_path: Path) -> None:

@@ -232,3 +232,26 @@ def test_a_cuda_kernel_counts_once_under_the_op_that_launched_it() -> None:
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
     stats = summarise([event("aten::mm", cpu, 20.0, 14_500.0), event("sm90_xmma_gemm", cuda, 0.0, 14_400.0)], 1)
     assert [(s.name, s.device_us) for s in stats] == [("aten::mm", 14_500.0)]
+
+
+def test_a_cuda_oom_names_where_each_allocation_was_made() -> None:
+    """Blocks of the first CUDA OOM snapshot (H100, GPT-1.3B fp32 under a 20 GiB cap). Their stacks start
+    with the capture's own C++ frames, which once named every block (``memory_snapshot.cpp
+    gather_with_cpp``, 20,260 MiB in one row); backward blocks have no Python frame at all."""
+    pytest.importorskip("torch")
+    from perfsuite.worker.profiling import allocations_by_origin, origin
+
+    blocks = json.loads((Path(__file__).parent / "data" / "cuda_oom_blocks.json").read_text())["blocks"]
+    named = {kind: origin(block["frames"]) for kind, block in blocks.items()}
+    assert named["adam_state"] == "adam.py:178 _init_group (from primitives.py:126 step)"
+    assert named["parameters"].startswith("module.py:") and "convert" in named["parameters"]
+    assert "distributed.py" in named["ddp_buckets"] and "_ddp_init_helper" in named["ddp_buckets"]
+    assert named["backward_grad"] == "AddmmBackward0 (backward)"
+    assert origin([{"name": "at::_ops::add_Tensor::call(...)", "filename": "??", "line": 0}]) == "aten::add_Tensor"
+    assert origin([]) == "(no frame)"
+
+    snapshot = {"segments": [{"blocks": [{**b, "state": "active_allocated"} for b in blocks.values()]
+                              + [{**blocks["adam_state"], "state": "inactive"}]}]}  # fmt: skip
+    ranked = allocations_by_origin(snapshot)
+    assert len(ranked) == 4 and all(op.calls == 1 for op in ranked)  # the freed block is not counted
+    assert [op.alloc_bytes for op in ranked] == sorted((b["size"] for b in blocks.values()), reverse=True)

@@ -9,11 +9,13 @@ to the rank's report, gzipped, unless it is over the size cap.
 from __future__ import annotations
 
 import gzip
+import pickle
+import re
 import shutil
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,26 +133,34 @@ class OomRecorder:
             self.summary = OpProfile("cpu", 1, 0.0, 0.0, tuple(op for op in ranked if op.alloc_bytes > 0)[:TOP_ALLOCS])
 
     def _cuda_summary(self) -> OpProfile:
-        """The live allocations at the OOM, summed by their innermost Python frame; the snapshot dumped."""
+        """The live allocations at the OOM, summed by where they were made; the snapshot dumped."""
         snapshot = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
+        # Dump the snapshot taken while recording: switching the history off first
+        # empties its timeline (device_traces), which the memory_viz viewer draws
+        # (the first H100 OOM dump had none).
         path = self.reports_dir / f"oom-rank{self.rank}.pickle"
-        torch.cuda.memory._dump_snapshot(str(path))
+        with path.open("wb") as out:
+            pickle.dump(snapshot, out)
+        torch.cuda.memory._record_memory_history(enabled=None)
         kept = path.name
         if path.stat().st_size > MAX_SNAPSHOT_MIB * 2**20:
             path.unlink()
             kept = ""
-        by_frame: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        for segment in snapshot.get("segments", []):
-            for block in segment.get("blocks", []):
-                if block.get("state") != "active_allocated":
-                    continue
-                row = by_frame[_frame(block.get("frames") or [])]
-                row[0] += 1
-                row[1] += block.get("size", 0)
-        stats = [OpStat(name, calls, 0.0, 0.0, size) for name, (calls, size) in by_frame.items()]
-        ranked = sorted(stats, key=lambda op: op.alloc_bytes, reverse=True)[:TOP_ALLOCS]
-        return OpProfile("cuda", 1, 0.0, 0.0, tuple(ranked), trace=kept)
+        return OpProfile("cuda", 1, 0.0, 0.0, allocations_by_origin(snapshot), trace=kept)
+
+
+def allocations_by_origin(snapshot: Mapping[str, Any]) -> tuple[OpStat, ...]:
+    """A CUDA allocator snapshot's live blocks, summed by :func:`origin`, largest first."""
+    by_origin: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for segment in snapshot.get("segments", []):
+        for block in segment.get("blocks", []):
+            if block.get("state") != "active_allocated":
+                continue
+            row = by_origin[origin(block.get("frames") or [])]
+            row[0] += 1
+            row[1] += block.get("size", 0)
+    stats = [OpStat(name, calls, 0.0, 0.0, size) for name, (calls, size) in by_origin.items()]
+    return tuple(sorted(stats, key=lambda op: op.alloc_bytes, reverse=True)[:TOP_ALLOCS])
 
 
 #: Allocations an OOM summary keeps; the caching allocator's history length; the snapshot's size cap.
@@ -159,13 +169,36 @@ MAX_HISTORY_ENTRIES = 100_000
 MAX_SNAPSHOT_MIB = 50
 
 
-def _frame(frames: list[dict[str, Any]]) -> str:
-    """The innermost frame outside torch: where the model or engine asked for the memory."""
-    for frame in frames:
-        filename = str(frame.get("filename", ""))
-        if "/torch/" not in filename and filename and not filename.startswith("??"):
-            return f"{Path(filename).name}:{frame.get('line')} {frame.get('name')}"
-    return "(no Python frame)"
+#: C++ frames that name what allocated on the autograd thread, which has no Python frame.
+_AUTOGRAD_NODE = re.compile(r"autograd::generated::(\w+?)(?:_apply_functional|::apply)\(")
+_ATEN_OP = re.compile(r"at::_ops::(\w+)::")
+
+
+def origin(frames: Sequence[Mapping[str, Any]]) -> str:
+    """Where a block was allocated, from its captured stack (innermost frame first).
+
+    The innermost Python frame says what asked (``adam.py:178 _init_group``: Adam's
+    state), and the innermost one outside torch which code of the model or engine
+    did; both are named when they differ. The stack holds C++ frames too
+    (``memory_snapshot.cpp``: the capture itself), so only ``.py`` files count.
+    Backward runs on autograd's own thread without Python frames: there the
+    autograd node (``AddmmBackward0``) or else the aten op names it."""
+    python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
+    if python:
+        inner = python[0]
+        caller = next((f for f in python if "/torch/" not in str(f["filename"])), inner)
+        where = _place(inner)
+        return where if caller is inner else f"{where} (from {_place(caller)})"
+    names = [str(f.get("name", "")) for f in frames]
+    for pattern, label in ((_AUTOGRAD_NODE, "{} (backward)"), (_ATEN_OP, "aten::{}")):
+        found = next((m.group(1) for m in map(pattern.search, names) if m), None)
+        if found:
+            return label.format(found)
+    return "(no frame)"
+
+
+def _place(frame: Mapping[str, Any]) -> str:
+    return f"{Path(str(frame['filename'])).name}:{frame.get('line')} {frame.get('name')}"
 
 
 def is_oom(exc: BaseException) -> bool:
