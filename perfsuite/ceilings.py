@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from perfsuite.flops import FORMULA, achieved_tflops_per_rank
+from perfsuite.flops import rank_flops
 
 MATMUL_OPS = ("matmul", "matmul_best")
 
@@ -49,20 +49,24 @@ class Ceilings:
         if dtype not in self.best or tflops > self.best[dtype].tflops:
             self.best[dtype] = Ceiling(dtype, tflops, str(config["id"]))
 
-    def fraction(self, config: Mapping[str, Any], step_time_s: float) -> dict[str, Any] | None:
-        """A training run's achieved TFLOP/s per rank against its precision's ceiling (None without one)."""
+    def fraction(
+        self, config: Mapping[str, Any], step_time_s: float, counted: float | None = None
+    ) -> dict[str, Any] | None:
+        """A training run's achieved TFLOP/s per rank against its precision's ceiling (None without
+        one, or without FLOPs: no formula and no ``counted`` figure)."""
         if "model" not in config or "precision" not in config:
             return None
         ceiling = self.best.get(str(config["precision"]))
-        if ceiling is None:
+        flops = rank_flops(config, counted)
+        if ceiling is None or flops is None:
             return None
-        achieved = achieved_tflops_per_rank(config, step_time_s)
+        achieved = flops[0] / step_time_s / 1e12
         return {
             "value": achieved / ceiling.tflops,
             "achieved_tflops_per_rank": achieved,
             "ceiling_tflops": ceiling.tflops,
             "ceiling_scenario": ceiling.scenario,
-            "formula": FORMULA,
+            "formula": flops[1],
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from perfsuite.ceilings import Ceilings
 from perfsuite.cost import cost_of
 from perfsuite.flops import mfu, of_peak
 from perfsuite.profiles import HardwareProfile
+from perfsuite.protocol import COUNTED_FLOPS
 from perfsuite.session import ScenarioResult
 
 
@@ -31,11 +32,13 @@ def pytest_perfsuite_extra_metrics(
     config = result.scenario.to_config()
     gpus = fingerprint.get("gpus") or []
     extra: dict[str, Any] = {}
+    counted = result.metrics.detail.get(COUNTED_FLOPS)  # a model without a FLOP formula: rank 0 counted them
+    step_s = result.metrics.step_time_median_s
     if profile.device == "cuda" and gpus and "model" in config:
-        extra["mfu"] = mfu(config, result.metrics.step_time_median_s, gpus[0]["name"], profile.peak_tflops)
+        extra["mfu"] = mfu(config, step_s, gpus[0]["name"], profile.peak_tflops, counted)
     if profile.device == "cuda" and gpus and config["kind"] in ("microbench", "membw"):
         extra["peak"] = of_peak(config, result.metrics.value(result.scenario.primary), gpus[0]["name"])
-    ceiling = ceilings.fraction(config, result.metrics.step_time_median_s)
+    ceiling = ceilings.fraction(config, step_s, counted)
     if ceiling is not None:
         extra["ceiling"] = ceiling
     values = {name: result.metrics.value(name) for name in result.metrics.values}

@@ -213,6 +213,11 @@ class RankJob:
         return cls.from_json(json.loads(path.read_text()))
 
 
+#: ``RankReport.detail`` key of the FLOPs one rank counted over one training step, for a model
+#: without a formula (perfsuite.flops labels the figure ``COUNTED``).
+COUNTED_FLOPS = "counted_flops_per_rank_step"
+
+
 # -- the report -----------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class RankReport:

@@ -31,6 +31,7 @@ RANK = (
     "perfsuite.models.build",
     "perfsuite.models.hf",
     "perfsuite.models.megatron_gpt",
+    "perfsuite.models.module",
 )
 PYTEST_SIDE = (
     "perfsuite.plugin",

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfsuite.flops import flops_per_iteration, gpu_peak, mfu, of_peak
+from perfsuite.flops import COUNTED, FORMULA, flops_per_iteration, gpu_peak, mfu, of_peak
 from perfsuite.models import CLASSIFICATION_LABELS, NEXT_SENTENCE_LABELS
 
 GPT_1_3B = {
@@ -60,6 +60,16 @@ def test_mfu_uses_the_gpu_peak_and_names_the_formula() -> None:
     assert result["peak_tflops"] == 989.0 and result["peak_source"] == "datasheet: H100 SXM5"
     assert result["value"] == pytest.approx(flops_per_iteration(GPT_1_3B) / 4 / 1e12 / 989.0)
     assert "6*B*s*l*h*(4h + 2f + 2s)" in result["formula"] and "6*B*s*h*V" in result["formula"]
+
+
+def test_a_model_without_a_formula_takes_the_count_and_says_so() -> None:
+    llama = {**GPT_1_3B, "model": {**GPT_1_3B["model"], "family": "hf", "source": "llama"}}
+    counted = mfu(llama, 0.5, "NVIDIA H100 80GB HBM3", counted=2.0e15)
+    assert counted["formula"] == COUNTED and counted["value"] == pytest.approx(2.0e15 / 0.5 / 1e12 / 989.0)
+    nothing = mfu(llama, 0.5, "NVIDIA H100 80GB HBM3")
+    assert nothing["value"] is None and "no FLOP formula and no count" in nothing["note"]
+    # A family with a formula keeps it, whatever the ranks counted.
+    assert mfu(GPT_1_3B, 1.0, "NVIDIA H100 80GB HBM3", counted=1.0)["formula"] == FORMULA
 
 
 @pytest.mark.parametrize(

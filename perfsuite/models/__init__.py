@@ -1,5 +1,7 @@
 """Model families: which transformer a scenario trains, built on the ranks from a
-config with random weights (nothing is downloaded).
+config with random weights (nothing is downloaded). Besides perfsuite's own
+families, :meth:`ModelSpec.hf` names any transformers architecture by its model
+type (or a local ``config.json``) and a task.
 
 This ``__init__`` is torch-free, because scenarios (in the pytest process)
 declare and validate a :class:`ModelSpec`. The builders live beside it and
@@ -12,14 +14,40 @@ tensor and pipeline parallelism can split).
 
 from __future__ import annotations
 
+import functools
+import json
+import subprocess
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 from perfsuite.validation import check_choice, check_int, fail
 
-Objective = Literal["mlm", "mlm_nsp", "causal_lm", "classification"]
+Objective = Literal["mlm", "mlm_nsp", "causal_lm", "classification", "image_classification", "custom"]
+#: The tasks :meth:`ModelSpec.hf` accepts: the transformers auto class that puts the head on.
+HF_TASKS: Mapping[str, str] = MappingProxyType(
+    {
+        "causal_lm": "AutoModelForCausalLM",
+        "mlm": "AutoModelForMaskedLM",
+        "classification": "AutoModelForSequenceClassification",
+        "image_classification": "AutoModelForImageClassification",
+    }
+)
+#: perfsuite's shape fields as the config keys transformers' configs share (``attribute_map``
+#: maps them for architectures that name them otherwise, e.g. GPT-2's ``n_embd``).
+HF_SHAPE_KEYS: Mapping[str, str] = MappingProxyType(
+    {
+        "layers": "num_hidden_layers",
+        "hidden": "hidden_size",
+        "heads": "num_attention_heads",
+        "vocab": "vocab_size",
+        "ffn": "intermediate_size",
+        "max_positions": "max_position_embeddings",
+    }
+)
 #: Classes of the ``classification`` objective's synthetic labels (binary, like GLUE's MRPC or SST-2).
 CLASSIFICATION_LABELS = 2
 #: Classes of next-sentence prediction (is next / random), fixed by BERT's pre-training head.
@@ -41,6 +69,8 @@ class ModelFamily:
     description: str = ""
     has_dropout: bool = False
     """Whether its builder applies ``ModelSpec.dropout`` (False: only None or 0 is accepted)."""
+    formula: bool = True
+    """Whether perfsuite.flops' analytic FLOP formula fits it (False: the ranks count its FLOPs)."""
 
 
 FAMILIES: Mapping[str, ModelFamily] = MappingProxyType(
@@ -71,6 +101,22 @@ FAMILIES: Mapping[str, ModelFamily] = MappingProxyType(
                 "causal_lm",
                 "Megatron-style GPT of nn.Linear layers, splittable into pipeline stages",
             ),
+            # The objective of an ``hf`` model is its spec's task.
+            ModelFamily(
+                "hf",
+                "perfsuite.models.hf:auto",
+                "causal_lm",
+                "any transformers architecture (ModelSpec.hf)",
+                formula=False,
+            ),
+            # Its objective is the recipe's loss.
+            ModelFamily(
+                "module",
+                "perfsuite.models.module:build",
+                "custom",
+                "your own nn.Module and batches (ModelSpec.module, perfsuite.models.module.Recipe)",
+                formula=False,
+            ),
         )
     }
 )
@@ -82,9 +128,10 @@ class ModelSpec:
 
     family: str
     """A key of :data:`FAMILIES`."""
-    layers: int
-    hidden: int
-    heads: int
+    layers: int = 0
+    """Blocks; this and ``hidden`` and ``heads`` are required by every family but ``module``."""
+    hidden: int = 0
+    heads: int = 0
     vocab: int = 30522
     ffn: int | None = None
     """MLP width; defaults to 4 x hidden, as in BERT and GPT."""
@@ -94,10 +141,59 @@ class ModelSpec:
     probabilities); None keeps the family's default (0.1 in transformers' BERT
     and GPT-2). Families whose builder has no dropout to set (perfsuite's
     megatron_gpt) accept only None or 0."""
+    source: str | None = None
+    """Family ``hf`` only: the transformers model type (``"llama"``)."""
+    task: Objective | None = None
+    """Family ``hf`` only: a key of :data:`HF_TASKS`."""
+    config: Mapping[str, Any] = field(default_factory=dict)
+    """Family ``hf``: further config fields (``num_key_value_heads``, ``image_size``...); family
+    ``module``: the keyword arguments of its build function. Plain JSON."""
+    step: str | None = None
+    """Family ``module`` only: ``module:function`` computing one micro-batch's loss from the model
+    and the batch, when ``model(**batch)`` and the recipe's ``loss`` do not describe the step."""
+
+    @classmethod
+    def module(cls, build: str, *, step: str | None = None, **options: Any) -> ModelSpec:
+        """Your own ``nn.Module``: ``build`` is ``"package.module:function"``, called on every rank as
+        ``function(device, dtype, **options)`` and returning a :class:`perfsuite.models.module.Recipe`
+        (the model, a batch maker, how to get the loss). ``step`` optionally names a function
+        ``step(model, batch) -> loss`` to time instead of perfsuite's forward. Checked at
+        collection by a child interpreter that imports both and builds on the meta device."""
+        return cls("module", source=build, task="custom", config=options, step=step)
+
+    @classmethod
+    def hf(cls, model: str, task: Objective = "causal_lm", **fields: Any) -> ModelSpec:
+        """Any transformers architecture, built offline from its config with random weights.
+
+        ``model`` is a model type (``"llama"``, ``"qwen2"``, ``"vit"``: transformers'
+        ``AutoConfig.for_model``) or the path of a local ``config.json``, whose fields
+        are taken as they are. ``fields`` are perfsuite's shape fields (``layers``,
+        ``hidden``, ``heads``, ``vocab``, ``ffn``, ``max_positions``), required unless
+        the file gives them, then any further config field. A Hub name
+        (``"meta-llama/Llama-3.2-1B"``) is refused: it would need the network.
+        """
+        config: dict[str, Any] = {}
+        if model.endswith(".json"):
+            model, config = _config_file(model)
+        shape = {name: fields.pop(name, config.pop(key, None)) for name, key in HF_SHAPE_KEYS.items()}
+        for name in ("vocab", "ffn", "max_positions"):  # the dataclass's own defaults where neither gave one
+            if shape[name] is None:
+                del shape[name]
+        missing = [name for name in ("layers", "hidden", "heads") if shape[name] is None]
+        if missing:
+            raise fail(f"model {model}", missing[0], "must be given (a shape field of ModelSpec.hf)")
+        return cls("hf", **shape, source=model, task=task, config={**config, **fields})
+
+    def __hash__(self) -> int:  # ``config`` is a dict
+        return hash(json.dumps(asdict(self), sort_keys=True, default=str))
 
     def __post_init__(self) -> None:
         owner = f"model {self.family}"
         check_choice(owner, "family", self.family, FAMILIES)
+        if self.family == "module":
+            self._check_module()
+            return
+        self._check_hf(owner)
         for name in ("layers", "hidden", "heads", "vocab", "max_positions"):
             check_int(owner, name, getattr(self, name), 1)
         if self.ffn is not None:
@@ -119,9 +215,86 @@ class ModelSpec:
     def ffn_size(self) -> int:
         return self.ffn if self.ffn is not None else 4 * self.hidden
 
+    def _check_module(self) -> None:
+        owner = f"model {self.source}"
+        for name in ("layers", "hidden", "heads", "ffn", "dropout"):
+            if getattr(self, name):
+                raise fail(owner, name, "is not a field of your own module's spec: give it to your build function")
+        try:
+            json.dumps(self.config, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise fail(owner, "config", f"must be plain JSON (it crosses to the ranks): {exc}") from None
+        from perfsuite.models.probe import check_module  # torch-free: a child interpreter imports the module
+
+        problem = check_module(self.source, self.step, self.config)
+        if problem:
+            raise fail(owner, problem[0], problem[1])
+
+    def _check_hf(self, owner: str) -> None:
+        if self.family != "hf":
+            for name in ("source", "task", "config", "step"):
+                if getattr(self, name):
+                    raise fail(owner, name, "is for family 'hf' only (ModelSpec.hf)")
+            return
+        owner = f"model {self.source}"
+        if not isinstance(self.source, str) or not self.source:
+            raise fail(owner, "source", f"must name a transformers model type, got {self.source!r}")
+        if "/" in self.source:
+            raise fail(owner, "source", f"names the Hub model {self.source!r}, which would need the network: perfsuite "
+                       "builds models offline, from a model type with config fields or a local config.json")  # fmt: skip
+        check_choice(owner, "task", self.task, HF_TASKS)
+        try:
+            json.dumps(self.config, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise fail(owner, "config", f"must be plain JSON (it crosses to the ranks): {exc}") from None
+        known = hf_model_types()
+        if known and self.source not in known:
+            raise fail(owner, "source", f"is no transformers model type here (transformers knows {len(known)}, "
+                       "e.g. llama, qwen2, mistral, vit); a Hub model's own type is its config.json's model_type")  # fmt: skip
+
     @property
     def objective(self) -> Objective:
+        if self.family == "hf" and self.task is not None:
+            return self.task
         return FAMILIES[self.family].objective
 
+    def hf_config(self) -> dict[str, Any]:
+        """Family ``hf``: the keyword arguments of ``AutoConfig.for_model`` besides the model type."""
+        shape = {key: getattr(self, name) for name, key in HF_SHAPE_KEYS.items() if name != "ffn"}
+        labels = (
+            {"num_labels": CLASSIFICATION_LABELS} if self.task in ("classification", "image_classification") else {}
+        )
+        return {**shape, HF_SHAPE_KEYS["ffn"]: self.ffn_size, **labels, **self.config}
 
-__all__ = ["CLASSIFICATION_LABELS", "FAMILIES", "NEXT_SENTENCE_LABELS", "ModelFamily", "ModelSpec"]
+
+def _config_file(path: str) -> tuple[str, dict[str, Any]]:
+    """A local ``config.json``: its model type and its other fields."""
+    owner = f"model {path}"
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise fail(owner, "source", f"cannot be read as a config.json: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise fail(owner, "source", "has no 'model_type': is it a transformers config.json?")
+    # Fields transformers writes that are no architecture (and would pin a version or a dtype).
+    for key in ("architectures", "transformers_version", "_name_or_path", "torch_dtype", "dtype"):
+        data.pop(key, None)
+    return data.pop("model_type"), data
+
+
+@functools.lru_cache(maxsize=1)
+def hf_model_types() -> frozenset[str]:
+    """The model types this transformers knows. Asked of a child interpreter, since transformers'
+    auto module imports torch, which the pytest process never does. Empty when transformers is
+    missing: the ranks then fail with transformers' own words."""
+    code = (
+        "import json, transformers.models.auto.configuration_auto as c; print(json.dumps(list(c.CONFIG_MAPPING_NAMES)))"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+        return frozenset(json.loads(done.stdout))
+    except (subprocess.SubprocessError, ValueError, OSError):
+        return frozenset()
+
+
+__all__ = ["CLASSIFICATION_LABELS", "FAMILIES", "HF_TASKS", "NEXT_SENTENCE_LABELS", "ModelFamily", "ModelSpec"]

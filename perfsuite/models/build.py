@@ -25,6 +25,8 @@ def synthetic_batch(
     (``mlm_nsp`` also gives each row a ``next_sentence_label``: the model's loss
     is then the sum of both, as in BERT's pre-training)."""
     gen = torch.Generator().manual_seed(seed)
+    if spec.objective == "image_classification":
+        return {name: tensor.to(device) for name, tensor in images(spec, rows, gen).items()}
     shape = (rows, seq_len)
     input_ids = torch.randint(0, spec.vocab, shape, generator=gen)
     extra: dict[str, torch.Tensor] = {}
@@ -42,11 +44,32 @@ def synthetic_batch(
     return {name: tensor.to(device) for name, tensor in batch.items()}
 
 
+def training_batch(
+    model: nn.Module, spec: ModelSpec, seq_len: int, device: torch.device, rows: int, seed: int
+) -> dict[str, torch.Tensor]:
+    """One micro-batch for ``model``: a recipe's own (family ``module``), else synthetic."""
+    if spec.family == "module":
+        from perfsuite.models.module import recipe_batch
+
+        return {name: tensor.to(device) for name, tensor in recipe_batch(model, seq_len, rows, seed).items()}
+    return synthetic_batch(spec, seq_len, device, rows, seed)
+
+
 def transformer_blocks(model: nn.Module) -> nn.ModuleList:
     """The repeated blocks: the ModuleList holding the most parameters
     (GPT-2: ``transformer.h``, BERT: ``bert.encoder.layer``), which sharding
-    engines wrap one by one."""
+    engines wrap one by one; empty for a model without one."""
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
-    if not lists:
-        raise ValueError(f"{type(model).__name__} has no nn.ModuleList of blocks to shard")
+    if not lists:  # your own module without repeated blocks: the engine shards it as one unit
+        return nn.ModuleList()
     return max(lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()))
+
+
+def images(spec: ModelSpec, rows: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random images of the config's size (``image_size``, ``num_channels``; transformers' ViT
+    defaults 224 and 3) with one class per row. ``seq_len`` plays no part: the patches are the tokens."""
+    size, channels = int(spec.config.get("image_size", 224)), int(spec.config.get("num_channels", 3))
+    return {
+        "pixel_values": torch.randn((rows, channels, size, size), generator=gen),
+        "labels": torch.randint(0, CLASSIFICATION_LABELS, (rows,), generator=gen),
+    }

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from perfsuite.models import CLASSIFICATION_LABELS, ModelSpec
+from perfsuite.models import CLASSIFICATION_LABELS, HF_TASKS, ModelSpec
 
 
 def _bert_config(m: ModelSpec, **extra: Any) -> Any:
@@ -74,3 +74,14 @@ def gpt2(m: ModelSpec) -> nn.Module:
         **_dropout(m, "resid_pdrop", "embd_pdrop", "attn_pdrop"),
     )
     return GPT2LMHeadModel(config)
+
+
+def auto(m: ModelSpec) -> nn.Module:
+    """Any transformers architecture (``ModelSpec.hf``): its config from the model type and the
+    spec's fields, the task's head on top, random weights."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(m.source, **m.hf_config())
+    auto_class = getattr(transformers, HF_TASKS[m.task or "causal_lm"])
+    model: nn.Module = auto_class.from_config(config)
+    return model

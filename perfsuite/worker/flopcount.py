@@ -1,6 +1,7 @@
 """FLOPs counted, not derived: ``torch.utils.flop_counter.FlopCounterMode`` over one
 training step (forward and backward) of a model, for models without an analytic
-formula in :mod:`perfsuite.flops` (issue 29: any model as a scenario).
+formula in :mod:`perfsuite.flops` (a transformers architecture through ``ModelSpec.hf``); the
+results label the figure :data:`perfsuite.flops.COUNTED`.
 
 The counter sees every matmul-like ATen op it has a formula for (``mm``,
 ``addmm``, ``bmm``, convolutions, scaled-dot-product attention) with the shapes
@@ -17,9 +18,6 @@ from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
-
-#: How the results file labels a counted figure (against the formula's name).
-COUNTER = "counted: torch.utils.flop_counter.FlopCounterMode over one training step (forward + backward)"
 
 
 def _cpu_flash(query: Any, key: Any, value: Any, *_: Any, out_shape: Any = None, **__: Any) -> int:

@@ -7,12 +7,14 @@ import itertools
 import math
 from collections import deque
 
-from perfsuite.models.build import build_model, synthetic_batch
+from perfsuite.models import FAMILIES
+from perfsuite.models.build import build_model, training_batch
 from perfsuite.primitives import count_state_bytes
-from perfsuite.protocol import RankJob, RankReport
+from perfsuite.protocol import COUNTED_FLOPS, RankJob, RankReport
 from perfsuite.strategies.base import StrategyContext, load_strategy
 from perfsuite.worker import graph
 from perfsuite.worker.base import Runner
+from perfsuite.worker.flopcount import counted_flops
 from perfsuite.worker.loop import measure
 from perfsuite.worker.runtime import Reporter, WorkerContext
 from perfsuite.workloads.train import TrainSpec
@@ -56,7 +58,7 @@ class TrainRunner(Runner):
         # All tp x pp ranks of one data-parallel replica train on the same rows.
         replica = ctx.rank // (spec.layout.tp * spec.layout.pp)
         batches = [
-            synthetic_batch(spec.model, spec.seq_len, ctx.device, rows, seed=replica * 1000 + i)
+            training_batch(model, spec.model, spec.seq_len, ctx.device, rows, seed=replica * 1000 + i)
             for i in range(BATCH_POOL)
         ]
         reporter.phase("wrap")
@@ -89,7 +91,18 @@ class TrainRunner(Runner):
                 raise FloatingPointError(f"non-finite training loss {value} at step {index}: the run diverged")
             losses.append(value)
 
-        result = measure(step, self.job, ctx, reporter)
+        # A model without a FLOP formula has its FLOPs counted over the first step, a warmup step
+        # (a counted step runs slower; with no warmup there is nothing to count in).
+        counted: dict[str, float] = {}
+        count = not FAMILIES[spec.model.family].formula and spec.max_warmup_steps > 0
+
+        def counted_step(last: bool) -> None:
+            if count and not counted:
+                counted[COUNTED_FLOPS] = counted_flops(lambda: step(last))
+            else:
+                step(last)
+
+        result = measure(counted_step, self.job, ctx, reporter)
         skipped = tuple(i for i, ok in enumerate(applied) if not ok)
         if len(skipped) == spec.steps:
             raise FloatingPointError(
@@ -102,7 +115,7 @@ class TrainRunner(Runner):
             skipped_steps=skipped,
             metrics=rank_metrics(result.peak_mem_mib, state),
             model_state=state,
-            detail=compiles.detail(result.warmup_times_s, result.step_times_s),
+            detail={**compiles.detail(result.warmup_times_s, result.step_times_s), **counted},
         )
 
 

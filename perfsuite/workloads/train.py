@@ -124,7 +124,7 @@ class Scenario(BaseScenario):
         for name in ("micro_batch", "global_batch", "seq_len"):
             check_int(owner, name, getattr(self, name), 1)
         check_positive(owner, "lr", self.lr)
-        if self.seq_len > self.model.max_positions:
+        if self.model.family != "module" and self.seq_len > self.model.max_positions:
             raise fail(owner, "seq_len", f"exceeds model.max_positions={self.model.max_positions}")
         engine = self._engine_or_fail()
         if engine.model_families and self.model.family not in engine.model_families:

@@ -1,0 +1,48 @@
+"""Collection-time check of a ``ModelSpec.module`` reference, torch-free.
+
+The pytest process never imports torch, and a team's model module does. So a child
+interpreter (``python -m perfsuite.models.module``) imports the build function and the
+optional step function, calls the build on the ``meta`` device (shapes only, no memory)
+and checks that it returns a :class:`perfsuite.models.module.Recipe`. It answers with the
+field at fault and what is wrong, as JSON. One child per distinct reference and session.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+#: ``package.module:function``.
+REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+#: How long the child may take: importing torch and the team's module, building on meta.
+PROBE_TIMEOUT_S = 300
+
+
+def check_module(source: str | None, step: str | None, options: Any) -> tuple[str, str] | None:
+    """(field, problem) for a reference that cannot be built, else None."""
+    for name, value in (("source", source), ("step", step)):
+        if value is None and name == "step":
+            continue
+        if not isinstance(value, str) or not REFERENCE.match(value):
+            return name, f"must be 'package.module:function', got {value!r}"
+    return _probe(str(source), step, json.dumps(options, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _probe(source: str, step: str | None, options: str) -> tuple[str, str] | None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    argv = [sys.executable, "-m", "perfsuite.models.module", source, step or "", options]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return "source", f"was not built within {PROBE_TIMEOUT_S} s on the meta device (collection-time check)"
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return "source", f"could not be checked: the child interpreter said {done.stderr.strip()[-500:]!r}"
+    return (answer["field"], answer["problem"]) if answer else None

@@ -1,0 +1,147 @@
+"""A team's own ``nn.Module`` as a scenario's model (issue 29): ``ModelSpec.module`` names a build
+function by import path, collection refuses what cannot be built (naming the field), and a repo
+perfsuite has never seen records baselines of its module under DDP and FSDP2 on cpu and fails on
+a planted slowdown."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION
+
+from perfsuite.models import ModelSpec
+from perfsuite.validation import ScenarioError
+
+#: A team's package: blocks in a ModuleList (FSDP2 shards them one by one), a regression loss,
+#: and a custom step that runs the model twice (a consistency loss).
+TEAM_MODELS = textwrap.dedent(
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perfsuite.models.module import Recipe
+
+
+    class Net(nn.Module):
+        def __init__(self, width, depth):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                                      nn.Linear(4 * width, width)) for _ in range(depth))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = x + block(x)
+            return x
+
+
+    def build(device, dtype, width=32, depth=2):
+        model = Net(width, depth).to(device=device, dtype=dtype)
+
+        def batch(rows, seq_len, gen):
+            return {"x": torch.randn(rows, seq_len, width, generator=gen),
+                    "target": torch.randn(rows, seq_len, width, generator=gen)}
+
+        return Recipe(model, batch, loss=lambda out, b: F.mse_loss(out, b["target"]), inputs=("x",))
+
+
+    def twice(model, batch):
+        return F.mse_loss(model(batch["x"]), batch["target"]) + model(batch["x"]).pow(2).mean()
+
+
+    def not_a_recipe(device, dtype):
+        return Net(8, 1)
+    """
+)
+
+
+@pytest.fixture
+def team_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "teampkg").mkdir()
+    (tmp_path / "teampkg" / "__init__.py").write_text("")
+    (tmp_path / "teampkg" / "models.py").write_text(TEAM_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_a_module_reference_is_checked_by_building_it_on_meta(team_package: Path) -> None:
+    spec = ModelSpec.module("teampkg.models:build", step="teampkg.models:twice", width=16)
+    assert (spec.family, spec.source, spec.step, spec.config, spec.objective) == (
+        "module", "teampkg.models:build", "teampkg.models:twice", {"width": 16}, "custom",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("source", "options", "field", "words"),
+    [
+        ("teampkg.models.build", {}, "source", "must be 'package.module:function'"),
+        ("teampkg.nowhere:build", {}, "source", "cannot be imported: ModuleNotFoundError"),
+        ("teampkg.models:biuld", {}, "source", "names no function: module 'teampkg.models' has no callable 'biuld'"),
+        ("teampkg.models:not_a_recipe", {}, "source", "must return a perfsuite.models.module.Recipe, returned Net"),
+        ("teampkg.models:build", {"widht": 8}, "source", "failed to build on the meta device: TypeError"),
+    ],
+)
+def test_a_bad_module_reference_fails_naming_the_field(
+    team_package: Path, source: str, options: dict, field: str, words: str
+) -> None:
+    with pytest.raises(ScenarioError, match=f"field '{field}' {words}"):
+        ModelSpec.module(source, **options)
+
+
+def test_a_bad_step_reference_names_the_step(team_package: Path) -> None:
+    with pytest.raises(ScenarioError, match="field 'step' names no function"):
+        ModelSpec.module("teampkg.models:build", step="teampkg.models:thrice")
+
+
+def test_shape_fields_belong_to_the_build_function(team_package: Path) -> None:
+    with pytest.raises(ScenarioError, match="field 'layers' is not a field of your own module's spec"):
+        ModelSpec("module", layers=2, source="teampkg.models:build", task="custom")
+
+
+TEAM_BENCH = """
+from perfsuite import ModelSpec, Scenario, parametrize
+
+NET = ModelSpec.module("teampkg.models:build", width=32, depth=2)
+TWICE = ModelSpec.module("teampkg.models:build", step="teampkg.models:twice", width=32, depth=2)
+SHAPE = dict(world_size=2, micro_batch=4, global_batch=8, seq_len=16, warmup_steps=1, steps=4)
+SCENARIOS = [
+    Scenario("team", "net_ddp", NET, strategy="ddp", **SHAPE),
+    Scenario("team", "net_fsdp2", NET, strategy="fsdp2", **SHAPE),
+    Scenario("team", "net_twice_ddp", TWICE, strategy="ddp", **SHAPE),
+]
+
+@parametrize(SCENARIOS)
+def test_team(perf, scenario):
+    perf.check(scenario)
+"""
+
+
+def test_a_team_module_trains_under_ddp_and_fsdp2_and_a_slowdown_fails(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(JUDGE_UNDER_CONTENTION)
+    pytester.mkpydir("teampkg")
+    (pytester.path / "teampkg" / "models.py").write_text(TEAM_MODELS)
+    pytester.makepyfile(test_team=TEAM_BENCH)
+    pytester.mkdir("baselines")
+    base = ("-p", "no:cacheprovider", "-rA", CPU_PROFILE)
+    recorded = pytester.runpytest_subprocess(*base, "--perf-update-baselines", "--perf-json", "rec.json")
+    recorded.assert_outcomes(passed=3)
+    results = {r["id"]: r for r in json.loads((pytester.path / "rec.json").read_text())["results"]}
+    state = {k.split(".")[1]: r["metrics"]["model_state_bytes_per_rank"] for k, r in results.items()}
+    assert state["net_fsdp2"] < state["net_ddp"]  # sharded by block
+    # The step that runs the model twice counts twice the forward FLOPs of the plain one.
+    flops = {k.split(".")[1]: r["metrics"]["detail"]["counted_flops_per_rank_step"] for k, r in results.items()}
+    assert flops["net_twice_ddp"] > 1.2 * flops["net_ddp"]
+    slowed = pytester.runpytest_subprocess(*base, "-k", "net_ddp and not twice", "--perf-inject-slowdown=300")
+    slowed.assert_outcomes(failed=1)
+    slowed.stdout.fnmatch_lines(["*team.net_ddp: regression: samples_per_s*"])
+
+
+def test_tensor_and_pipeline_engines_refuse_a_module_at_collection(team_package: Path) -> None:
+    from perfsuite import Scenario
+
+    spec = ModelSpec.module("teampkg.models:build")
+    with pytest.raises(ScenarioError, match="family 'module' cannot be trained by engine 'tp_pp'"):
+        Scenario("team", "tp", spec, strategy="tp_pp", world_size=2, micro_batch=2, global_batch=4, seq_len=16)
