@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from perfsuite import explaincmd
+from perfsuite import explaincmd, scaffold
 from perfsuite.cliargs import at_least, duration, levels
 from perfsuite.exports import historycmd
 from perfsuite.files import atomic_write_json
@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     historycmd.add_parser(commands)  # history DIR: a metric over commits and its change points
     htmlreport_cli.add_parsers(commands)  # report, summary: a results file as a page or a table
     explaincmd.add_parser(commands)  # explain RESULTS.json: the op-profile diff of each regression
+    scaffold.add_parser(commands)  # init [ROOT]: perfsuite in a team's repository
     return parser
 
 
@@ -201,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         return historycmd.run(ns)
     if ns.command == "explain":
         return explaincmd.run(ns)
+    if ns.command == "init":
+        return scaffold.run(ns)
     if ns.command in htmlreport_cli.COMMANDS:
         return htmlreport_cli.run(ns)
     if ns.command == "doctor":

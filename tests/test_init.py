@@ -1,0 +1,94 @@
+"""``python -m perfsuite init`` in a team's repository, and the example team repository in
+``examples/`` (issue 29): what init writes records its baselines with the command it prints,
+then passes; a second init changes nothing; the workflow passes actionlint; the example repo
+trains its own module and a Llama config, and catches a planted slowdown."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION
+from test_workflows import ROOT, lint
+
+from perfsuite.scaffold import RECORD, Model, init, render
+
+
+def perfsuite(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.run(sys.executable, "-m", "perfsuite", *args)
+
+
+def gate(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("bench_tests", "-p", "no:cacheprovider", "-rA", CPU_PROFILE, *args)
+
+
+def test_a_fresh_repo_is_red_until_the_printed_command_records_its_baselines(pytester: pytest.Pytester) -> None:
+    done = perfsuite(pytester, "init")
+    assert done.ret == 0, done.stderr.str()
+    assert RECORD in done.stdout.str()
+    written = {p.relative_to(pytester.path).as_posix() for p in pytester.path.rglob("*") if p.is_file()}
+    assert written - {"stdout", "stderr"} == set(render(Model.parse(None)))  # (pytester's own capture files)
+    red = gate(pytester)
+    assert red.ret == 1  # nothing judged: no baseline yet, and the message says how to record one
+    red.stdout.fnmatch_lines(["*no_baseline: example.ddp*--perf-update-baselines*"])
+    gate(pytester, "--perf-update-baselines").assert_outcomes(passed=1)
+    assert (pytester.path / "baselines" / "cpu" / "example.json").is_file()
+    gate(pytester).assert_outcomes(passed=1)
+
+
+def test_init_again_changes_nothing_and_a_changed_file_needs_force(tmp_path: Path) -> None:
+    model = Model.parse(None)
+    written, _ = init(tmp_path, model, force=False)
+    stamps = {p: (tmp_path / p).stat().st_mtime_ns for p in written}
+    assert init(tmp_path, model, force=False) == ([], written)
+    assert stamps == {p: (tmp_path / p).stat().st_mtime_ns for p in written}
+    (tmp_path / "conftest.py").write_text("# ours\n")
+    with pytest.raises(FileExistsError, match=r"conftest\.py"):
+        init(tmp_path, Model.parse("llama"), force=False)
+    assert (tmp_path / "conftest.py").read_text() == "# ours\n"
+    assert "ModelSpec.module" in (tmp_path / "bench_tests" / "test_perf.py").read_text()  # nothing was written
+    written, _ = init(tmp_path, Model.parse("llama"), force=True)
+    assert set(written) == {"conftest.py", "bench_tests/test_perf.py"}
+
+
+def test_model_flags_name_a_build_function_or_a_transformers_type(pytester: pytest.Pytester) -> None:
+    assert (
+        'ModelSpec.module("teampkg.models:build")'
+        in render(Model.parse("teampkg.models:build"))["bench_tests/test_perf.py"]
+    )
+    done = perfsuite(pytester, "init", "--model", "qwen2")
+    assert done.ret == 0, done.stderr.str()
+    assert 'ModelSpec.hf("qwen2", layers=2' in (pytester.path / "bench_tests" / "test_perf.py").read_text()
+    collected = pytester.runpytest_subprocess("bench_tests", "--collect-only", "-q", "-p", "no:cacheprovider")
+    collected.stdout.fnmatch_lines(["*test_qwen2*qwen2.ddp*"])
+    for bad, words in (
+        ("meta-llama/Llama-3.2-1B", "would need the network"),
+        ("teampkg:models:build", "package.module:function"),
+    ):
+        refused = perfsuite(pytester, "init", "--model", bad, "--force")
+        assert refused.ret == 2 and words in refused.stderr.str()
+
+
+def test_the_workflow_init_writes_passes_actionlint(tmp_path: Path) -> None:
+    init(tmp_path, Model.parse(None), force=False)
+    done = lint(ROOT, tmp_path / ".github" / "workflows" / "perf.yml")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_example_team_repo_records_judges_and_catches_a_slowdown(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("transformers")
+    shutil.copytree(ROOT / "examples" / "team-repo", pytester.path, dirs_exist_ok=True)
+    (pytester.path / "conftest.py").write_text(JUDGE_UNDER_CONTENTION)
+    recorded = gate(pytester, "--perf-update-baselines", "--perf-json", "rec.json")
+    recorded.assert_outcomes(passed=3)
+    results = {r["id"]: r for r in json.loads((pytester.path / "rec.json").read_text())["results"]}
+    assert results["team.llama_ddp"]["config"]["model"]["source"] == "llama"  # from the config.json
+    state = {k: r["metrics"]["model_state_bytes_per_rank"] for k, r in results.items()}
+    assert state["team.encoder_fsdp2"] < state["team.encoder_ddp"]
+    gate(pytester, "-k", "encoder_ddp").assert_outcomes(passed=1)
+    slowed = gate(pytester, "-k", "encoder_ddp", "--perf-inject-slowdown=300")
+    slowed.assert_outcomes(failed=1)
+    slowed.stdout.fnmatch_lines(["*team.encoder_ddp: regression: samples_per_s*"])
