@@ -1,7 +1,7 @@
 """A team's own ``nn.Module`` as a scenario's model (issue 29): ``ModelSpec.module`` names a build
 function by import path, collection refuses what cannot be built (naming the field), and a repo
-perfsuite has never seen records baselines of its module under DDP and FSDP2 on cpu and fails on
-a planted slowdown."""
+perfsuite has never seen records baselines of its module under DDP, FSDP2 and ZeRO-2 (bf16) on cpu
+and fails on a planted slowdown."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION
 
 from perfsuite.models import ModelSpec
+from perfsuite.protocol import COUNTED_FLOPS
 from perfsuite.validation import ScenarioError
 
 #: A team's package: blocks in a ModuleList (FSDP2 shards them one by one), a regression loss,
@@ -111,6 +112,8 @@ SCENARIOS = [
     Scenario("team", "net_ddp", NET, strategy="ddp", **SHAPE),
     Scenario("team", "net_fsdp2", NET, strategy="fsdp2", **SHAPE),
     Scenario("team", "net_twice_ddp", TWICE, strategy="ddp", **SHAPE),
+    Scenario("team", "net_zero2_bf16", NET, strategy="deepspeed_zero", strategy_options={"stage": 2},
+             precision="bf16", **SHAPE),
 ]
 
 @parametrize(SCENARIOS)
@@ -119,7 +122,8 @@ def test_team(perf, scenario):
 """
 
 
-def test_a_team_module_trains_under_ddp_and_fsdp2_and_a_slowdown_fails(pytester: pytest.Pytester) -> None:
+def test_a_team_module_trains_under_ddp_fsdp2_and_zero2_and_a_slowdown_fails(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("deepspeed")
     pytester.makeconftest(JUDGE_UNDER_CONTENTION)
     pytester.mkpydir("teampkg")
     (pytester.path / "teampkg" / "models.py").write_text(TEAM_MODELS)
@@ -127,12 +131,12 @@ def test_a_team_module_trains_under_ddp_and_fsdp2_and_a_slowdown_fails(pytester:
     pytester.mkdir("baselines")
     base = ("-p", "no:cacheprovider", "-rA", CPU_PROFILE)
     recorded = pytester.runpytest_subprocess(*base, "--perf-update-baselines", "--perf-json", "rec.json")
-    recorded.assert_outcomes(passed=3)
+    recorded.assert_outcomes(passed=4)
     results = {r["id"]: r for r in json.loads((pytester.path / "rec.json").read_text())["results"]}
     state = {k.split(".")[1]: r["metrics"]["model_state_bytes_per_rank"] for k, r in results.items()}
-    assert state["net_fsdp2"] < state["net_ddp"]  # sharded by block
+    assert state["net_fsdp2"] < state["net_ddp"] and state["net_zero2_bf16"] < state["net_ddp"]  # sharded
     # The step that runs the model twice counts twice the forward FLOPs of the plain one.
-    flops = {k.split(".")[1]: r["metrics"]["detail"]["counted_flops_per_rank_step"] for k, r in results.items()}
+    flops = {k.split(".")[1]: r["metrics"]["detail"][COUNTED_FLOPS] for k, r in results.items()}
     assert flops["net_twice_ddp"] > 1.2 * flops["net_ddp"]
     slowed = pytester.runpytest_subprocess(*base, "-k", "net_ddp and not twice", "--perf-inject-slowdown=300")
     slowed.assert_outcomes(failed=1)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from perfsuite.engines import ZeroOptions
-from perfsuite.primitives import StateTensors, optimizer_state_tensors
+from perfsuite.primitives import DTYPES, StateTensors, optimizer_state_tensors
 from perfsuite.strategies.base import EngineUnavailable, Strategy, StrategyContext, require
 
 SHM_COMM_OP = "deepspeed_shm_comm"  # deepspeed.ops.op_builder.cpu.comm.ShareMemCommBuilder.NAME
@@ -148,6 +148,11 @@ class DeepSpeedZeroStrategy(Strategy):
         # With managed_gradient_accumulation off, backward only accumulates and
         # step() is the boundary, so sync_grads needs no action: the loop calls
         # optimizer_step exactly once, after the last micro-batch.
+        dtype = DTYPES.get(self.ctx.precision)
+        if dtype is not None:
+            # DeepSpeed casts the weights, not the inputs: floating inputs (a module's features, a
+            # ViT's pixels) follow the weights; token ids and integer labels stay as they are.
+            batch = {name: t.to(dtype) if t.is_floating_point() else t for name, t in batch.items()}
         loss = self.engine(**batch).loss
         self.engine.backward(loss)  # divides by gradient_accumulation_steps itself
         return loss.detach()  # unscaled, as TorchStrategy reports it
