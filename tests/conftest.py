@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -52,6 +54,21 @@ JUDGE_UNDER_CONTENTION = textwrap.dedent(
                         tolerances={**cpu.tolerances, "samples_per_ref": 0.4})]
     """
 )
+
+
+def team_gate(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """The plugin in a subprocess on the cpu profile, over a pytester repo's own modules."""
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", CPU_PROFILE, *args)
+
+
+def record_team(pytester: pytest.Pytester, module_source: str, passed: int) -> dict[str, Any]:
+    """A team repo's benchmark module (``test_team.py``) recorded on cpu, regressions judged however
+    busy the machine is (JUDGE_UNDER_CONTENTION): its results by scenario id."""
+    pytester.makeconftest(JUDGE_UNDER_CONTENTION)
+    pytester.makepyfile(test_team=module_source)
+    pytester.mkdir("baselines")
+    team_gate(pytester, "--perf-update-baselines", "--perf-json", "rec.json").assert_outcomes(passed=passed)
+    return {r["id"]: r for r in json.loads((pytester.path / "rec.json").read_text())["results"]}
 
 
 def bench_module(scenarios: str, imports: str = "") -> str:

@@ -1,5 +1,5 @@
 """Any transformers architecture as a scenario's model (issue 29): ``ModelSpec.hf`` builds
-Llama-, Qwen2-, Mistral- and ViT-style models offline from a model type or a local config.json,
+Llama-, Qwen2- and ViT-style models offline from a model type or a local config.json,
 refuses at collection what it cannot build, and trains under DDP, FSDP2 and ZeRO-2 on cpu."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION
+from conftest import CPU_PROFILE, record_team, team_gate
 
 from perfsuite.models import ModelSpec
 from perfsuite.protocol import COUNTED_FLOPS
@@ -84,13 +84,7 @@ def test_transformers_architectures_train_under_ddp_fsdp2_and_zero2_and_a_slowdo
     pytester: pytest.Pytester,
 ) -> None:
     pytest.importorskip("deepspeed")
-    pytester.makeconftest(JUDGE_UNDER_CONTENTION)
-    pytester.makepyfile(test_team=HF_MODULE)
-    pytester.mkdir("baselines")
-    base = ("-p", "no:cacheprovider", "-rA", CPU_PROFILE)
-    recorded = pytester.runpytest_subprocess(*base, "--perf-update-baselines", "--perf-json", "rec.json")
-    recorded.assert_outcomes(passed=5)
-    results = {r["id"]: r for r in json.loads((pytester.path / "rec.json").read_text())["results"]}
+    results = record_team(pytester, HF_MODULE, passed=5)
     assert {r["verdict"] for r in results.values()} == {"recorded"}
     assert results["team.llama_ddp"]["config"]["model"]["source"] == "llama"
     # No FLOP formula fits these models: rank 0 counted a step's FLOPs, which the MFU and ceiling figures use.
@@ -100,7 +94,7 @@ def test_transformers_architectures_train_under_ddp_fsdp2_and_zero2_and_a_slowdo
     # Sharding engines hold less model state per rank than DDP's whole replica.
     state = {k.split(".")[1]: r["metrics"]["model_state_bytes_per_rank"] for k, r in results.items()}
     assert state["llama_fsdp2"] < state["llama_ddp"] and state["llama_zero2"] < state["llama_ddp"]
-    slowed = pytester.runpytest_subprocess(*base, "-k", "llama_ddp", "--perf-inject-slowdown=300")
+    slowed = team_gate(pytester, "-k", "llama_ddp", "--perf-inject-slowdown=300")
     slowed.assert_outcomes(failed=1)
     slowed.stdout.fnmatch_lines(["*team.llama_ddp: regression: samples_per_s*"])
 
