@@ -139,3 +139,20 @@ def test_tensor_and_pipeline_engines_refuse_a_module_at_collection(team_package:
     spec = ModelSpec.module("teampkg.models:build")
     with pytest.raises(ScenarioError, match="family 'module' cannot be trained by engine 'tp_pp'"):
         Scenario("team", "tp", spec, strategy="tp_pp", world_size=2, micro_batch=2, global_batch=4, seq_len=16)
+
+
+def test_a_rank_decodes_its_job_without_building_in_a_child_interpreter(team_package: Path, tmp_path: Path) -> None:
+    # The pytest process checked the reference at collection; the rank builds it anyway, so decoding
+    # its job must not pay another child interpreter (3-4 s a rank). A reference the rank cannot
+    # import decodes, and fails where the rank builds it.
+    from perfsuite import Scenario
+    from perfsuite.protocol import RankJob
+
+    scenario = Scenario("team", "x", ModelSpec.module("teampkg.models:build"), world_size=2, micro_batch=2,
+                        global_batch=4, seq_len=16)  # fmt: skip
+    doc = RankJob(spec=scenario.rank_spec(), device="cpu", reports_dir=str(tmp_path)).to_json()
+    doc["spec"]["model"]["source"] = "teampkg.gone:build"
+    decoded = RankJob.from_json(doc)
+    assert decoded.spec.model.source == "teampkg.gone:build"  # type: ignore[attr-defined]
+    with pytest.raises(ScenarioError, match="cannot be imported"):  # outside a job, the same spec is checked
+        ModelSpec.module("teampkg.gone:build")

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from perfsuite.validation import check_choice, check_int, fail
+from perfsuite.validation import COLLECTION_CHECKS, check_choice, check_int, fail
 
 Objective = Literal["mlm", "mlm_nsp", "causal_lm", "classification", "image_classification", "custom"]
 #: The tasks :meth:`ModelSpec.hf` accepts: the transformers auto class that puts the head on.
@@ -226,7 +226,7 @@ class ModelSpec:
             raise fail(owner, "config", f"must be plain JSON (it crosses to the ranks): {exc}") from None
         from perfsuite.models.probe import check_module  # torch-free: a child interpreter imports the module
 
-        problem = check_module(self.source, self.step, self.config)
+        problem = check_module(self.source, self.step, self.config, build=COLLECTION_CHECKS.get())
         if problem:
             raise fail(owner, problem[0], problem[1])
 
@@ -247,7 +247,7 @@ class ModelSpec:
             json.dumps(self.config, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise fail(owner, "config", f"must be plain JSON (it crosses to the ranks): {exc}") from None
-        known = hf_model_types()
+        known = hf_model_types() if COLLECTION_CHECKS.get() else frozenset()
         if known and self.source not in known:
             raise fail(owner, "source", f"is no transformers model type here (transformers knows {len(known)}, "
                        "e.g. llama, qwen2, mistral, vit); a Hub model's own type is its config.json's model_type")  # fmt: skip

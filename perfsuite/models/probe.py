@@ -23,14 +23,15 @@ REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 PROBE_TIMEOUT_S = 300
 
 
-def check_module(source: str | None, step: str | None, options: Any) -> tuple[str, str] | None:
-    """(field, problem) for a reference that cannot be built, else None."""
+def check_module(source: str | None, step: str | None, options: Any, build: bool = True) -> tuple[str, str] | None:
+    """(field, problem) for a reference that cannot be built, else None; ``build=False`` checks the
+    references' form only (a rank, which builds the model itself)."""
     for name, value in (("source", source), ("step", step)):
         if value is None and name == "step":
             continue
         if not isinstance(value, str) or not REFERENCE.match(value):
             return name, f"must be 'package.module:function', got {value!r}"
-    return _probe(str(source), step, json.dumps(options, sort_keys=True))
+    return _probe(str(source), step, json.dumps(options, sort_keys=True)) if build else None
 
 
 @functools.lru_cache(maxsize=64)
