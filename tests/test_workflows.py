@@ -82,6 +82,8 @@ def test_ci_runs_the_readme_test_command_with_pip_caching() -> None:
     (job,) = workflow("ci.yml")["jobs"].values()
     assert cache["with"]["path"] == job["env"]["PIP_CACHE_DIR"] and "pyproject.toml" in cache["with"]["key"]
     assert "workflows" in job["env"]["EXTRAS"].split(",")  # actionlint for this file's tests
+    checkout = next(s for s in steps("ci.yml") if s.get("uses", "").startswith("actions/checkout@"))
+    assert checkout["with"]["fetch-depth"] >= 2  # make test's ab-rev needs HEAD~1
 
 
 @pytest.mark.parametrize("name", ["gpu-bench.yml", "update-baselines.yml"])
