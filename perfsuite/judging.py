@@ -72,11 +72,10 @@ def judge(
         )
     tolerances = resolve_tolerances(profile.default_tolerances(scenario.metrics), scenario.tolerances, baseline)
     judgement = judge_metrics(metrics, baseline, tolerances, compare, scenario.metrics)
+    doubt = f"measured under contention ({busy})" if busy else ""
     # A grown step-to-step spread doubts a slower primary metric only: memory does not jitter with the host.
-    slower = any(c.metric == scenario.primary and c.outcome == "regression" for c in judgement.checks)
-    doubt = (
-        f"measured under contention ({busy})" if busy else slower and spread_grew(scenario, metrics, baseline, profile)
-    )
+    if not doubt and any(c.metric == scenario.primary and c.outcome == "regression" for c in judgement.checks):
+        doubt = spread_grew(scenario, metrics, baseline, profile)
     if judgement.verdict == "regression" and doubt:
         return Judgement("unreliable", f"{doubt}, so not judged a regression: {judgement.message}",
                          judgement.checks, changes)  # fmt: skip

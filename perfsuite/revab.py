@@ -80,8 +80,6 @@ def _launch(result: Mapping[str, Any]) -> Launch:
     value = metrics.get(METRIC)
     values = {METRIC: float(value["mean"])} if isinstance(value, Mapping) else {}
     status = "ok" if result.get("status") == "ok" and values else str(result.get("status") or "error")
-    if status == "ok" and result.get("verdict") == "skipped":
-        status = "skipped"
     busy = metrics.get("contention")
     why = contended(Contention(**busy), CPU.max_foreign_cores, CPU.max_steal_cores) if busy else ""
     return status, values, str(result.get("message") or ""), why

@@ -14,16 +14,14 @@ tensor and pipeline parallelism can split).
 
 from __future__ import annotations
 
-import functools
 import json
-import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+from perfsuite.models.probe import check_module, hf_model_types
 from perfsuite.validation import COLLECTION_CHECKS, check_choice, check_int, fail
 
 Objective = Literal["mlm", "mlm_nsp", "causal_lm", "classification", "image_classification", "custom"]
@@ -220,15 +218,16 @@ class ModelSpec:
         for name in ("layers", "hidden", "heads", "ffn", "dropout"):
             if getattr(self, name):
                 raise fail(owner, name, "is not a field of your own module's spec: give it to your build function")
+        self._check_config_json(owner)
+        problem = check_module(self.source, self.step, self.config, build=COLLECTION_CHECKS.get())
+        if problem:
+            raise fail(owner, problem[0], problem[1])
+
+    def _check_config_json(self, owner: str) -> None:
         try:
             json.dumps(self.config, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise fail(owner, "config", f"must be plain JSON (it crosses to the ranks): {exc}") from None
-        from perfsuite.models.probe import check_module  # torch-free: a child interpreter imports the module
-
-        problem = check_module(self.source, self.step, self.config, build=COLLECTION_CHECKS.get())
-        if problem:
-            raise fail(owner, problem[0], problem[1])
 
     def _check_hf(self, owner: str) -> None:
         if self.family != "hf":
@@ -243,10 +242,7 @@ class ModelSpec:
             raise fail(owner, "source", f"names the Hub model {self.source!r}, which would need the network: perfsuite "
                        "builds models offline, from a model type with config fields or a local config.json")  # fmt: skip
         check_choice(owner, "task", self.task, HF_TASKS)
-        try:
-            json.dumps(self.config, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise fail(owner, "config", f"must be plain JSON (it crosses to the ranks): {exc}") from None
+        self._check_config_json(owner)
         known = hf_model_types() if COLLECTION_CHECKS.get() else frozenset()
         if known and self.source not in known:
             raise fail(owner, "source", f"is no transformers model type here (transformers knows {len(known)}, "
@@ -280,21 +276,6 @@ def _config_file(path: str) -> tuple[str, dict[str, Any]]:
     for key in ("architectures", "transformers_version", "_name_or_path", "torch_dtype", "dtype"):
         data.pop(key, None)
     return data.pop("model_type"), data
-
-
-@functools.lru_cache(maxsize=1)
-def hf_model_types() -> frozenset[str]:
-    """The model types this transformers knows. Asked of a child interpreter, since transformers'
-    auto module imports torch, which the pytest process never does. Empty when transformers is
-    missing: the ranks then fail with transformers' own words."""
-    code = (
-        "import json, transformers.models.auto.configuration_auto as c; print(json.dumps(list(c.CONFIG_MAPPING_NAMES)))"
-    )
-    try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-        return frozenset(json.loads(done.stdout))
-    except (subprocess.SubprocessError, ValueError, OSError):
-        return frozenset()
 
 
 __all__ = ["CLASSIFICATION_LABELS", "FAMILIES", "HF_TASKS", "NEXT_SENTENCE_LABELS", "ModelFamily", "ModelSpec"]

@@ -1,9 +1,11 @@
-"""Collection-time check of a ``ModelSpec.module`` reference, torch-free.
+"""Collection-time checks of a model reference that need torch, asked of a child interpreter.
 
-The pytest process never imports torch, and a team's model module does. So a child
-interpreter (``python -m perfsuite.models.module``) imports the build function and the
-optional step function, calls the build on the ``meta`` device (shapes only, no memory)
-and checks that it returns a :class:`perfsuite.models.module.Recipe`. It answers with the
+The pytest process never imports torch, and transformers' auto classes and a team's model
+module do. So :func:`hf_model_types` asks a child for the model types transformers knows,
+and, for a ``ModelSpec.module`` reference, a child (``python -m perfsuite.models.module``)
+imports the build function and the optional step function, calls the build on the ``meta``
+device (shapes only, no memory) and checks that it returns a
+:class:`perfsuite.models.module.Recipe`. It answers with the
 field at fault and what is wrong, as JSON. One child per distinct reference and session.
 """
 
@@ -47,3 +49,18 @@ def _probe(source: str, step: str | None, options: str) -> tuple[str, str] | Non
     except (IndexError, ValueError):
         return "source", f"could not be checked: the child interpreter said {done.stderr.strip()[-500:]!r}"
     return (answer["field"], answer["problem"]) if answer else None
+
+
+@functools.lru_cache(maxsize=1)
+def hf_model_types() -> frozenset[str]:
+    """The model types this transformers knows. Asked of a child interpreter, since transformers'
+    auto module imports torch, which the pytest process never does. Empty when transformers is
+    missing: the ranks then fail with transformers' own words."""
+    code = (
+        "import json, transformers.models.auto.configuration_auto as c; print(json.dumps(list(c.CONFIG_MAPPING_NAMES)))"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+        return frozenset(json.loads(done.stdout))
+    except (subprocess.SubprocessError, ValueError, OSError):
+        return frozenset()
