@@ -48,6 +48,37 @@ def changes(recorded: Mapping[str, Any], current: Mapping[str, Any], prefix: str
     return found
 
 
+#: The baseline entry's key for what its rank picked at run time (``BaseScenario.picks``).
+PICKS = "picks"
+
+
+def picked(picks: Mapping[str, tuple[str, ...]], detail: Mapping[str, Any]) -> dict[str, Any]:
+    """What a measurement's rank picked, for its baseline entry (``detail``: rank 0's detail)."""
+    return {key: detail.get(key) for key in picks}
+
+
+def unpicked(
+    picks: Mapping[str, tuple[str, ...]], detail: Mapping[str, Any], recorded: Any
+) -> tuple[frozenset[str], str]:
+    """The metrics a baseline cannot judge because the rank picked otherwise than the
+    baseline's rank (or the baseline does not say what that picked), and why ("" when none)."""
+    stored = recorded if isinstance(recorded, Mapping) else {}
+    metrics: set[str] = set()
+    reasons = []
+    for key, dependent in picks.items():
+        now, then = detail.get(key), stored.get(key)
+        if then is None:
+            reasons.append(f"its baseline predates recording the rank's {key} (re-record it to judge them)")
+        elif now != then:
+            reasons.append(f"the rank picked {key} {_show(now)}, its baseline's rank {_show(then)}")
+        else:
+            continue
+        metrics.update(dependent)
+    if not metrics:
+        return frozenset(), ""
+    return frozenset(metrics), f"{', '.join(sorted(metrics))} not judged: {'; '.join(reasons)}"
+
+
 def _show(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 

@@ -71,7 +71,9 @@ def judge(
             stack_changes=changes,
         )
     tolerances = resolve_tolerances(profile.default_tolerances(scenario.metrics), scenario.tolerances, baseline)
-    judgement = judge_metrics(metrics, baseline, tolerances, compare, scenario.metrics)
+    unjudged, why = definition.unpicked(scenario.picks(), metrics.detail, baseline.extra.get(definition.PICKS))
+    judged = [name for name in scenario.metrics if name not in unjudged]
+    judgement = judge_metrics(metrics, baseline, tolerances, compare, judged)
     doubt = f"measured under contention ({busy})" if busy else ""
     # A grown step-to-step spread doubts a slower primary metric only: memory does not jitter with the host.
     if not doubt and any(c.metric == scenario.primary and c.outcome == "regression" for c in judgement.checks):
@@ -81,7 +83,8 @@ def judge(
                          judgement.checks, changes)  # fmt: skip
     if judgement.verdict != "regression":
         judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
-    return Judgement(judgement.verdict, judgement.message, judgement.checks, changes)
+    message = f"{judgement.message} [{why}]" if why else judgement.message
+    return Judgement(judgement.verdict, message, judgement.checks, changes)
 
 
 def redefined(scenario: BaseScenario, baseline: BaselineEntry | None) -> Judgement | None:

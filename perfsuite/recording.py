@@ -61,6 +61,8 @@ def record(
     extra["provenance"] = provenance
     if result.metrics is not None:
         metrics = baseline_metrics(result.metrics)
+        if scenario.picks():
+            extra[definition.PICKS] = definition.picked(scenario.picks(), result.metrics.detail)
         if settings.calibrate:
             tolerances, extra["calibration"] = calibrated_tolerances(
                 result.metrics, profile.default_tolerances(scenario.metrics), profile.calibration_floor_of

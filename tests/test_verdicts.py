@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite import ModelSpec, Scenario
+from perfsuite import Microbench, ModelSpec, Scenario
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
 from perfsuite.profiles import CPU
 from perfsuite.protocol import RankReport
@@ -143,6 +143,51 @@ def test_a_drop_with_a_several_fold_spread_is_unreliable_where_the_profile_says_
     assert "spreads 8.1% step to step against 0.7% when its baseline was recorded" in verdicts["gpu-like"].message
     perf, _ = session(tmp_path, [SLOW], confirm=0, profile=dataclasses.replace(CPU, max_spread_growth=3.0))
     assert perf.run(SCENARIO).verdict == "regression"  # slower but as steady: judged
+
+
+class PickingLauncher(Launcher):
+    """A best-shape matmul's one rank: each launch picks the next (shape, peak MiB)."""
+
+    name = "fake"
+
+    def __init__(self, picks: Sequence[tuple[list[int], float]]) -> None:
+        self.picks = iter(picks)
+
+    def run(self, job: WorkerJob) -> LaunchOutcome:
+        shape, peak = next(self.picks)
+        report = RankReport(
+            rank=0, status="ok", step_times_s=tuple(STEADY), steady_state_start=2, metrics={"peak_mem_mib": peak},
+            step_work={"tflops": 2 * shape[0] * shape[1] * shape[2] / 1e12}, detail={"best_shape": shape},
+        )  # fmt: skip
+        return LaunchOutcome("ok", [report])
+
+
+def test_a_best_shape_rows_memory_is_judged_only_at_the_shape_its_baseline_picked(tmp_path: Path) -> None:
+    # The H100's tf32 ceiling: the search picked another shape within noise of the last, whose
+    # peak was 608 MiB against 352, and the gate called that a memory regression.
+    # Two shapes of equal work, so equally fast: the pick between them is noise.
+    best = Microbench("microbench", "best", op="matmul_best", dtype="fp32", search=((64, 128, 64), (128, 64, 64)))
+    wide, tall = [64, 128, 64], [128, 64, 64]
+
+    def run(picks: Sequence[tuple[list[int], float]], **settings: object) -> PerfSession:
+        run = RunSettings(profile=CPU, baselines_dir=tmp_path / "baselines", workdir=tmp_path, confirm=0, **settings)  # type: ignore[arg-type]
+        return PerfSession(run, FINGERPRINT, PickingLauncher(picks))
+
+    assert run([(wide, 352.0)], update_baselines=True).run(best).verdict == "recorded"
+    stored = json.loads((tmp_path / "baselines" / "cpu" / "microbench.json").read_text())["scenarios"]
+    assert stored["microbench.best"]["picks"] == {"best_shape": wide}
+    other = run([(tall, 608.0)]).run(best).judgement
+    assert other.verdict == "pass" and "peak_mem_mib" not in {c.metric for c in other.checks}
+    assert "peak_mem_mib not judged: the rank picked best_shape [128, 64, 64], its baseline's rank [64, 128, 64]" in (
+        other.message
+    )
+    same = run([(wide, 608.0)]).run(best).judgement  # the same pick, 73% more memory: a regression
+    assert same.verdict == "regression" and "peak_mem_mib" in same.message
+    del stored["microbench.best"]["picks"]  # a baseline from before picks were recorded
+    (tmp_path / "baselines" / "cpu" / "microbench.json").write_text(json.dumps({"group": "microbench", "profile": "cpu",
+        "scenarios": stored, "schema_version": 1}))  # fmt: skip
+    older = run([(wide, 608.0)]).run(best).judgement
+    assert older.verdict == "pass" and "predates recording the rank's best_shape" in older.message
 
 
 def test_repeats_pool_fresh_launches(tmp_path: Path) -> None:

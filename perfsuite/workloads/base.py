@@ -184,6 +184,13 @@ class BaseScenario:
         fitting = [n for n in self.world_sizes if n <= capacity]
         return self.at_world_size(max(fitting)) if fitting else self
 
+    def picks(self) -> Mapping[str, tuple[str, ...]]:
+        """What its rank picks at run time (a key of the rank's ``detail``), each with the
+        metrics whose value follows the pick. Those are compared with a baseline only
+        when the rank picked what the baseline's rank did: a best-shape search may pick
+        another shape within noise of the last, and that shape's memory is another figure."""
+        return {}
+
     def precondition(self, device: str) -> str:
         """Why this scenario cannot run on ``device`` ("" if it can); checked
         before launching, so nothing starts for a scenario that must skip."""
