@@ -131,6 +131,7 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
         for level in ns.levels:
             caught = unreliable = 0
             changes: list[float] = []
+            spreads: list[float] = []
             for _ in range(ns.trials):
                 plant = [f"--perf-ab={ns.ab}", f"--perf-ab-inject-slowdown={level}"] if ns.ab else [
                     f"--perf-inject-slowdown={level}"]  # fmt: skip
@@ -141,9 +142,13 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
                 verdicts = ab_verdicts(out, cmd, code) if ns.ab else trial_verdicts(out, cmd, code)
                 caught += "regression" in verdicts
                 unreliable += "unreliable" in verdicts
-                changes += [] if ns.ab else primary_changes(out)
+                if not ns.ab:
+                    found = primary_figures(out)
+                    changes += [change for change, _ in found]
+                    spreads += [spread for _, spread in found]
             rows.append({"level": level, "throughput_change": -level / (100 + level), "trials": ns.trials,
-                         "failed": caught, "unreliable": unreliable, "measured_changes": changes})  # fmt: skip
+                         "failed": caught, "unreliable": unreliable, "measured_changes": changes,
+                         "step_cvs": spreads})  # fmt: skip
             note = f", unreliable {unreliable}" if unreliable else ""
             print(
                 f"slowdown {level:5.0f}%  throughput -{level / (100 + level):.0%}  failed {caught}/{ns.trials}{note}",
@@ -166,13 +171,19 @@ def trial_verdicts(path: Path, cmd: list[str], code: int) -> list[str]:
     return [r["verdict"] for r in measured]
 
 
-def primary_changes(path: Path) -> list[float]:
-    """Each measured scenario's relative change of its primary metric against the baseline (first attempt)."""
+def primary_figures(path: Path) -> list[tuple[float, float]]:
+    """Each measured scenario's relative change of its primary metric against the baseline, with
+    that metric's step-to-step CV, of the measurement its verdict rests on (the confirmation, when
+    one ran). The CV says whether a false alarm came with a spread grown since recording (the
+    spread rule's cue) or from a steady run."""
     found = []
     for result in json.loads(path.read_text())["results"]:
         primary = (result.get("config") or {}).get("primary")
         checks = [c for c in result.get("checks") or [] if c.get("metric") == primary and c.get("delta") is not None]
-        found += [round(float(checks[0]["delta"]), 5)] if checks else []
+        stored = (result.get("metrics") or {}).get(primary)
+        if not checks or not isinstance(stored, dict) or not stored.get("mean"):
+            continue
+        found.append((round(float(checks[0]["delta"]), 5), round(float(stored["std"]) / float(stored["mean"]), 5)))
     return found
 
 

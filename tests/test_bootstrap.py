@@ -306,6 +306,10 @@ def test_a_cpu_bootstrap_killed_halfway_resumes_and_completes(tmp_path: Path) ->
         assert entry["tolerances"][primary] >= 0.4
     report = (tmp_path / "out" / "bootstrap.md").read_text()
     assert "## Detection (microbench." in report and "| 50% |" in report
+    (detection,) = (tmp_path / "out").glob("selftest_*.json")
+    for level in json.loads(detection.read_text())["levels"]:  # each trial's step-to-step CV beside its change
+        assert len(level["step_cvs"]) == len(level["measured_changes"]) == level["trials"]
+        assert all(0 < cv < 1 for cv in level["step_cvs"])
     assert {"results.json", "summary.md", "report.html", "doctor.txt"} <= {p.name for p in (tmp_path / "out").iterdir()}
     assert json.loads((tmp_path / "baselines" / "cpu" / "bootstrap-costs.json").read_text())["launch_s"]
 

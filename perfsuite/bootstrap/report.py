@@ -91,8 +91,9 @@ def detection_rows(detection: Mapping[str, Any]) -> list[tuple[str, ...]]:
         interval = f"{ci.low:.0%}-{ci.high:.0%}" if ci else "-"
         measured = row.get("measured_changes") or []
         seen = f"{statistics.median(measured):+.1%}" if measured else "-"
+        spreads = ", ".join(f"{cv:.1%}" for cv in row.get("step_cvs") or []) or "-"
         rows.append((f"{row['level']:g}%", f"{row['throughput_change']:.1%}", seen, f"{k}/{n}", interval,
-                     str(row.get("unreliable", 0))))  # fmt: skip
+                     str(row.get("unreliable", 0)), spreads))  # fmt: skip
     return rows
 
 
@@ -123,8 +124,9 @@ def markdown(state: State, plan: Plan, document: Mapping[str, Any], store: Basel
     if facts.get("detection"):
         detection = facts["detection"]
         lines += [f"## Detection ({detection.get('keyword')}, against its recorded baseline)", ""]
-        lines += [*table(("planted", "nominal change", "measured (median)", "gate failed", "95% interval", "unreliable"),
-                         detection_rows(detection)), ""]  # fmt: skip
+        header = ("planted", "nominal change", "measured (median)", "gate failed", "95% interval", "unreliable",
+                  "step CV per trial")  # fmt: skip
+        lines += [*table(header, detection_rows(detection)), ""]
     if plan.not_here:
         lines += ["## Not recordable on this machine", "", *table(("scenario", "why"), list(plan.not_here.items())), ""]
     lines += [f"**{verdict}**", ""]
