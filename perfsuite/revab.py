@@ -72,17 +72,19 @@ def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: 
     if not out.exists():
         tail = (done.stdout + done.stderr).strip()[-1500:]
         raise RuntimeError(f"pytest in {root} wrote no results (exit {done.returncode}): {tail}")
-    return {r["id"]: _launch(r) for r in json.loads(out.read_text())["results"]}
+    return {r["id"]: launch_of(r) for r in json.loads(out.read_text())["results"]}
 
 
-def _launch(result: Mapping[str, Any]) -> Launch:
+def launch_of(result: Mapping[str, Any]) -> Launch:
     metrics = result.get("metrics") or {}
     value = metrics.get(METRIC)
     values = {METRIC: float(value["mean"])} if isinstance(value, Mapping) else {}
-    status = "ok" if result.get("status") == "ok" and values else str(result.get("status") or "error")
+    status, message = str(result.get("status") or "error"), str(result.get("message") or "")
+    if status == "ok" and not values:  # a microbenchmark's or collective's rate is another metric
+        status, message = "skipped", f"measures no {METRIC}: ab-rev compares training throughput"
     busy = metrics.get("contention")
     why = contended(Contention(**busy), CPU.max_foreign_cores, CPU.max_steal_cores) if busy else ""
-    return status, values, str(result.get("message") or ""), why
+    return status, values, message, why
 
 
 def compare_runs(runs: Sequence[tuple[str, Mapping[str, Launch]]], pairs: int, tolerance: float) -> list[ABResult]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.revab import BASE, CANDIDATE, METRIC, compare_runs, export
+from perfsuite.revab import BASE, CANDIDATE, METRIC, launch_of, compare_runs, export
 
 BUSY = "other processes kept 0.90 of vm's 2 CPU cores busy (limit 0.25)"
 
@@ -44,6 +44,13 @@ def test_a_scenario_one_side_did_not_measure_is_an_error() -> None:
     measured[1] = (CANDIDATE, {"g.s": ("crash", {}, "rank 1 died", "")})
     (result,) = compare_runs(measured, pairs=2, tolerance=0.10)
     assert result.verdict == "error" and "rank 1 died" in result.message
+
+
+def test_a_scenario_without_samples_per_s_is_skipped_not_passed() -> None:
+    # A matmul measured on both sides has no throughput to compare: never a green "pass".
+    matmul = {"id": "microbench.matmul_fp32", "status": "ok", "metrics": {"tflops": {"mean": 0.3, "std": 0.01, "n": 8}}}
+    (result,) = compare_runs([(BASE, {"m": launch_of(matmul)}), (CANDIDATE, {"m": launch_of(matmul)})] * 2, 2, 0.10)
+    assert result.verdict == "skipped" and f"measures no {METRIC}" in result.message
 
 
 def test_a_revision_is_exported_without_a_worktree(tmp_path: Path) -> None:
