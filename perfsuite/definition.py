@@ -32,17 +32,27 @@ def definition(config: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in config.items() if key not in NOT_DEFINING}
 
 
-def changes(recorded: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[str]:
+#: Mappings whose keys are the user's (a transformers config's overrides, an engine's options):
+#: a key one side lacks is a change of the scenario, not of perfsuite's version.
+USER_KEYED = frozenset({"config", "strategy_options"})
+_UNSET = object()
+
+
+def changes(
+    recorded: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "", every: bool = False
+) -> list[str]:
     """Each field that differs, as ``model.ffn 512 -> 2048``.
 
     Only fields on both sides count: a field one side lacks comes from a
     perfsuite version that wrote more or fewer of them, not from the scenario.
+    Inside a :data:`USER_KEYED` mapping (``every``) every key counts, a missing one shown as unset.
     """
     found = []
-    for key in sorted(set(recorded) & set(current)):
-        old, new = recorded[key], current[key]
+    keys = set(recorded) | set(current) if every else set(recorded) & set(current)
+    for key in sorted(keys):
+        old, new = recorded.get(key, _UNSET), current.get(key, _UNSET)
         if isinstance(old, Mapping) and isinstance(new, Mapping):
-            found += changes(old, new, f"{prefix}{key}.")
+            found += changes(old, new, f"{prefix}{key}.", every or key in USER_KEYED)
         elif old != new:
             found.append(f"{prefix}{key} {_show(old)} -> {_show(new)}")
     return found
@@ -80,6 +90,8 @@ def unpicked(
 
 
 def _show(value: Any) -> str:
+    if value is _UNSET:
+        return "(unset)"
     return repr(value) if isinstance(value, str) else str(value)
 
 

@@ -22,6 +22,20 @@ def test_changes_name_each_field_with_old_and_new_values() -> None:
     assert definition.changes(old, old) == []
 
 
+def test_a_key_added_to_a_models_config_or_an_engines_options_is_a_change() -> None:
+    # Those keys are the user's: one more override (llama's num_key_value_heads) or engine option
+    # changes the work, where a field only one side has elsewhere comes from a perfsuite version.
+    old = {"model": {"family": "hf", "config": {"rope_theta": 1e4}}, "strategy_options": {"stage": 2}}
+    new = {"model": {"family": "hf", "config": {"rope_theta": 1e4, "num_key_value_heads": 1}},
+           "strategy_options": {"stage": 2, "offload_optimizer": True}}  # fmt: skip
+    assert definition.changes(old, new) == [
+        "model.config.num_key_value_heads (unset) -> 1",
+        "strategy_options.offload_optimizer (unset) -> True",
+    ]
+    assert definition.changes(new, old)[0] == "model.config.num_key_value_heads 1 -> (unset)"
+    assert definition.changes({"model": {"family": "hf"}}, new) == []  # recorded before configs were kept
+
+
 def test_descriptions_and_step_counts_are_not_part_of_the_definition() -> None:
     config = SCENARIO.to_config()
     defined = definition.definition(config)

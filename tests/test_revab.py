@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.revab import BASE, CANDIDATE, METRIC, launch_of, compare_runs, export
+from perfsuite.revab import BASE, CANDIDATE, METRIC, compare_runs, export, launch_of
 
 BUSY = "other processes kept 0.90 of vm's 2 CPU cores busy (limit 0.25)"
 
