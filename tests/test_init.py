@@ -6,6 +6,7 @@ trains its own module and a Llama config, and catches a planted slowdown."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -73,10 +74,16 @@ def test_model_flags_name_a_build_function_or_a_transformers_type(pytester: pyte
         assert refused.ret == 2 and words in refused.stderr.str()
 
 
-def test_the_workflow_init_writes_passes_actionlint(tmp_path: Path) -> None:
+def test_the_workflow_init_writes_passes_actionlint_and_installs_what_its_steps_run(tmp_path: Path) -> None:
     init(tmp_path, Model.parse(None), force=False)
-    done = lint(ROOT, tmp_path / ".github" / "workflows" / "perf.yml")
+    workflow = tmp_path / ".github" / "workflows" / "perf.yml"
+    done = lint(ROOT, workflow)
     assert done.returncode == 0, done.stdout + done.stderr
+    # Its last step draws the HTML report, which exits 2 without the report extra: a red job after a green gate.
+    text = workflow.read_text()
+    installed = re.search(r'pip install "perfsuite\[([a-z,]+)\]"', text)
+    assert installed is not None and "python -m perfsuite report" in text
+    assert {"engines", "report"} <= set(installed.group(1).split(","))
 
 
 @pytest.mark.slow  # ~70 s; CI keeps its parts: a module (test_custom_module) and Llama (test_hf_models) e2e
