@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.exports.vcs import current_commit
+from perfsuite.stats import ScenarioMetrics
 
 #: Config keys that describe or measure rather than define the work: notes and
 #: formula texts, names, the spec before fitting, what is derived from the
@@ -62,31 +63,38 @@ def changes(
 PICKS = "picks"
 
 
-def picked(picks: Mapping[str, tuple[str, ...]], detail: Mapping[str, Any]) -> dict[str, Any]:
-    """What a measurement's rank picked, for its baseline entry (``detail``: rank 0's detail)."""
-    return {key: detail.get(key) for key in picks}
+#: What a baseline keeps for a pick its launches did not agree on: no later pick matches it.
+VARIED = "varied between launches"
+
+
+def picked(picks: Mapping[str, tuple[str, ...]], metrics: ScenarioMetrics) -> dict[str, Any]:
+    """What a measurement's rank picked (rank 0's detail), for its baseline entry."""
+    return {key: VARIED if key in metrics.detail_varies else metrics.detail.get(key) for key in picks}
 
 
 def unpicked(
-    picks: Mapping[str, tuple[str, ...]], detail: Mapping[str, Any], recorded: Any
+    picks: Mapping[str, tuple[str, ...]], metrics: ScenarioMetrics, recorded: Any
 ) -> tuple[frozenset[str], str]:
     """The metrics a baseline cannot judge because the rank picked otherwise than the
-    baseline's rank (or the baseline does not say what that picked), and why ("" when none)."""
+    baseline's rank (or the baseline does not say what that picked, or this measurement's
+    launches picked differently), and why ("" when none)."""
     stored = recorded if isinstance(recorded, Mapping) else {}
-    metrics: set[str] = set()
+    found: set[str] = set()
     reasons = []
     for key, dependent in picks.items():
-        now, then = detail.get(key), stored.get(key)
-        if then is None:
+        now, then = metrics.detail.get(key), stored.get(key)
+        if key in metrics.detail_varies:
+            reasons.append(f"this measurement's launches picked different {key}s")
+        elif then is None:
             reasons.append(f"its baseline predates recording the rank's {key} (re-record it to judge them)")
         elif now != then:
             reasons.append(f"the rank picked {key} {_show(now)}, its baseline's rank {_show(then)}")
         else:
             continue
-        metrics.update(dependent)
-    if not metrics:
+        found.update(dependent)
+    if not found:
         return frozenset(), ""
-    return frozenset(metrics), f"{', '.join(sorted(metrics))} not judged: {'; '.join(reasons)}"
+    return frozenset(found), f"{', '.join(sorted(found))} not judged: {'; '.join(reasons)}"
 
 
 def _show(value: Any) -> str:

@@ -71,7 +71,7 @@ def judge(
             stack_changes=changes,
         )
     tolerances = resolve_tolerances(profile.default_tolerances(scenario.metrics), scenario.tolerances, baseline)
-    unjudged, why = definition.unpicked(scenario.picks(), metrics.detail, baseline.extra.get(definition.PICKS))
+    unjudged, why = definition.unpicked(scenario.picks(), metrics, baseline.extra.get(definition.PICKS))
     judged = [name for name in scenario.metrics if name not in unjudged]
     judgement = judge_metrics(metrics, baseline, tolerances, compare, judged)
     doubt = f"measured under contention ({busy})" if busy else ""

@@ -62,7 +62,7 @@ def record(
     if result.metrics is not None:
         metrics = baseline_metrics(result.metrics)
         if scenario.picks():
-            extra[definition.PICKS] = definition.picked(scenario.picks(), result.metrics.detail)
+            extra[definition.PICKS] = definition.picked(scenario.picks(), result.metrics)
         if settings.calibrate:
             tolerances, extra["calibration"] = calibrated_tolerances(
                 result.metrics, profile.default_tolerances(scenario.metrics), profile.calibration_floor_of

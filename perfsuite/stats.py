@@ -80,6 +80,9 @@ class ScenarioMetrics:
     """Work per step behind each rate (first launch; each launch's own is used when pooling)."""
     detail: Mapping[str, Any] = field(default_factory=dict)
     """Rank 0's kind-specific facts (first launch)."""
+    detail_varies: tuple[str, ...] = ()
+    """Keys of ``detail`` whose value differed between launches (a best-shape search that picked
+    another shape): a figure that follows such a pick mixes the launches' picks."""
     contention: Contention | None = None
     """What other processes took while the steps were measured (the worst launch)."""
 
@@ -109,6 +112,7 @@ class ScenarioMetrics:
             "repeats": self.repeats,
             "skipped_steps": self.skipped_steps,
             **({"detail": dict(self.detail)} if self.detail else {}),
+            **({"detail_varies": list(self.detail_varies)} if self.detail_varies else {}),
             **({"contention": self.contention.to_json()} if self.contention else {}),
         }
 
@@ -181,6 +185,9 @@ def pool(runs: Sequence[ScenarioMetrics], names: Sequence[str]) -> ScenarioMetri
         skipped_steps=sum(run.skipped_steps for run in runs),
         step_work=first.step_work,
         detail=first.detail,
+        detail_varies=tuple(
+            sorted(k for k in first.detail if any(run.detail.get(k) != first.detail[k] for run in runs))
+        ),
         contention=_worst(run.contention for run in runs),
     )
 

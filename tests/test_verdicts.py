@@ -188,6 +188,15 @@ def test_a_best_shape_rows_memory_is_judged_only_at_the_shape_its_baseline_picke
         "scenarios": stored, "schema_version": 1}))  # fmt: skip
     older = run([(wide, 608.0)]).run(best).judgement
     assert older.verdict == "pass" and "predates recording the rank's best_shape" in older.message
+    # Launches pooled into one baseline (calibration) that picked differently: their memory is the
+    # max over both shapes, so no later pick is comparable with it.
+    assert run([(wide, 352.0), (tall, 608.0)], update_baselines=True, repeats=2).run(best).verdict == "recorded"
+    stored = json.loads((tmp_path / "baselines" / "cpu" / "microbench.json").read_text())["scenarios"]
+    assert stored["microbench.best"]["picks"] == {"best_shape": "varied between launches"}
+    assert "peak_mem_mib not judged" in run([(wide, 352.0)]).run(best).judgement.message
+    assert run([(wide, 352.0)], update_baselines=True).run(best).verdict == "recorded"
+    mixed = run([(wide, 352.0), (tall, 608.0)], repeats=2).run(best).judgement
+    assert "this measurement's launches picked different best_shapes" in mixed.message
 
 
 def test_repeats_pool_fresh_launches(tmp_path: Path) -> None:
