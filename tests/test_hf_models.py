@@ -39,6 +39,29 @@ def test_a_local_config_json_gives_the_type_and_shape(tmp_path: Path) -> None:
     assert spec.config == {"num_key_value_heads": 2}  # no version or dtype pinned from the file
 
 
+def test_a_gpt2_style_config_json_gives_its_shape_under_its_own_key_names(tmp_path: Path) -> None:
+    # GPT-2 stores the shape as n_layer, n_embd, n_head, n_positions (its config's attribute_map).
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 1024,
+                                "vocab_size": 512, "activation_function": "gelu_new"}))  # fmt: skip
+    spec = ModelSpec.hf(str(path))
+    assert (spec.layers, spec.hidden, spec.heads, spec.max_positions, spec.vocab) == (2, 64, 4, 1024, 512)
+    assert spec.config == {"activation_function": "gelu_new"}  # nothing left to contradict the shape
+
+
+def test_a_decoder_only_classifier_trains_a_batch_of_several_rows() -> None:
+    # Llama defines no pad token; its classification head needs one to find each row's last token.
+    torch = pytest.importorskip("torch")
+    from perfsuite.models.hf import auto
+
+    spec = ModelSpec.hf("llama", "classification", **SHAPE)
+    assert spec.hf_config()["pad_token_id"] == 0
+    assert ModelSpec.hf("llama", "classification", **SHAPE, pad_token_id=3).hf_config()["pad_token_id"] == 3
+    out = auto(spec)(input_ids=torch.randint(1, 512, (4, 16)), labels=torch.tensor([0, 1, 0, 1]))
+    out.loss.backward()
+    assert out.logits.shape == (4, 2)
+
+
 @pytest.mark.parametrize(
     ("make", "field", "words"),
     [
@@ -46,6 +69,11 @@ def test_a_local_config_json_gives_the_type_and_shape(tmp_path: Path) -> None:
         (lambda: ModelSpec.hf("lama", **SHAPE), "source", "is no transformers model type here"),
         (lambda: ModelSpec.hf("llama", layers=2, hidden=64), "heads", "must be given"),
         (lambda: ModelSpec.hf("llama", "translation", **SHAPE), "task", "must be one of causal_lm"),
+        (
+            lambda: ModelSpec.hf("vit", **SHAPE),
+            "task",
+            "'causal_lm' has no vit model .* vit takes: image_classification",
+        ),
         (lambda: ModelSpec.hf("llama", **SHAPE, rope_scaling=object()), "config", "must be plain JSON"),
         (lambda: ModelSpec.hf("/nowhere/config.json", **SHAPE), "source", "cannot be read as a config.json"),
         (lambda: ModelSpec("bert", 2, 64, 2, task="mlm"), "task", "is for family 'hf' only"),

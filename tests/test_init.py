@@ -66,9 +66,15 @@ def test_model_flags_name_a_build_function_or_a_transformers_type(pytester: pyte
     assert 'ModelSpec.hf("qwen2", layers=2' in (pytester.path / "bench_tests" / "test_perf.py").read_text()
     collected = pytester.runpytest_subprocess("bench_tests", "--collect-only", "-q", "-p", "no:cacheprovider")
     collected.stdout.fnmatch_lines(["*test_qwen2*qwen2.ddp*"])
+    # An image model gets the one task transformers has a vit model for, and images of its own size.
+    assert perfsuite(pytester, "init", "--model", "vit", "--force").ret == 0
+    assert '"vit", "image_classification", ' in (pytester.path / "bench_tests" / "test_perf.py").read_text()
+    collected = pytester.runpytest_subprocess("bench_tests", "--collect-only", "-q", "-p", "no:cacheprovider")
+    collected.stdout.fnmatch_lines(["*vit.ddp*"])
     for bad, words in (
         ("meta-llama/Llama-3.2-1B", "would need the network"),
         ("teampkg:models:build", "package.module:function"),
+        ("lama", "is no transformers model type here"),
     ):
         refused = perfsuite(pytester, "init", "--model", bad, "--force")
         assert refused.ret == 2 and words in refused.stderr.str()

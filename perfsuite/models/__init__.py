@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from perfsuite.models.probe import check_module, hf_model_types
+from perfsuite.models.probe import check_module, hf_attribute_map, hf_model_types
 from perfsuite.validation import COLLECTION_CHECKS, check_choice, check_int, fail
 
 Objective = Literal["mlm", "mlm_nsp", "causal_lm", "classification", "image_classification", "custom"]
@@ -171,9 +171,11 @@ class ModelSpec:
         (``"meta-llama/Llama-3.2-1B"``) is refused: it would need the network.
         """
         config: dict[str, Any] = {}
+        stored: Mapping[str, str] = {}
         if model.endswith(".json"):
             model, config = _config_file(model)
-        shape = {name: fields.pop(name, config.pop(key, None)) for name, key in HF_SHAPE_KEYS.items()}
+            stored = hf_attribute_map(model) if COLLECTION_CHECKS.get() else {}  # GPT-2's file says n_layer
+        shape = {name: fields.pop(name, config.pop(stored.get(key, key), None)) for name, key in HF_SHAPE_KEYS.items()}
         for name in ("vocab", "ffn", "max_positions"):  # the dataclass's own defaults where neither gave one
             if shape[name] is None:
                 del shape[name]
@@ -243,10 +245,21 @@ class ModelSpec:
                        "builds models offline, from a model type with config fields or a local config.json")  # fmt: skip
         check_choice(owner, "task", self.task, HF_TASKS)
         self._check_config_json(owner)
-        known = hf_model_types() if COLLECTION_CHECKS.get() else frozenset()
-        if known and self.source not in known:
+        self._check_transformers(owner, self.source, str(self.task))
+
+    @staticmethod
+    def _check_transformers(owner: str, model_type: str, task: str) -> None:
+        """The model type and the task against this transformers (asked of a child; at collection only)."""
+        known = hf_model_types(tuple(HF_TASKS.items())) if COLLECTION_CHECKS.get() else {}
+        if not known:
+            return
+        if model_type not in known:
             raise fail(owner, "source", f"is no transformers model type here (transformers knows {len(known)}, "
                        "e.g. llama, qwen2, mistral, vit); a Hub model's own type is its config.json's model_type")  # fmt: skip
+        if task not in known[model_type]:
+            takes = ", ".join(t for t in HF_TASKS if t in known[model_type]) or f"none of {', '.join(HF_TASKS)}"
+            raise fail(owner, "task", f"{task!r} has no {model_type} model in transformers ({HF_TASKS[task]} lacks "
+                       f"it); {model_type} takes: {takes}")  # fmt: skip
 
     @property
     def objective(self) -> Objective:
@@ -260,7 +273,12 @@ class ModelSpec:
         labels = (
             {"num_labels": CLASSIFICATION_LABELS} if self.task in ("classification", "image_classification") else {}
         )
-        return {**shape, HF_SHAPE_KEYS["ffn"]: self.ffn_size, **labels, **self.config}
+        config = {**shape, HF_SHAPE_KEYS["ffn"]: self.ffn_size, **labels, **self.config}
+        if self.task == "classification" and config.get("pad_token_id") is None:
+            # Decoder-only types (llama, qwen2, gpt2) define no pad token, and their classification
+            # head finds each row's last token by it: without one, a batch over 1 row fails.
+            config["pad_token_id"] = 0
+        return config
 
 
 def _config_file(path: str) -> tuple[str, dict[str, Any]]:

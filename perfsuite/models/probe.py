@@ -1,12 +1,13 @@
 """Collection-time checks of a model reference that need torch, asked of a child interpreter.
 
 The pytest process never imports torch, and transformers' auto classes and a team's model
-module do. So :func:`hf_model_types` asks a child for the model types transformers knows,
+module do. So :func:`hf_model_types` asks a child for the model types transformers knows and
+the tasks each takes, :func:`hf_attribute_map` for the keys a config stores its shape under,
 and, for a ``ModelSpec.module`` reference, a child (``python -m perfsuite.models.module``)
 imports the build function and the optional step function, calls the build on the ``meta``
 device (shapes only, no memory) and checks that it returns a
-:class:`perfsuite.models.module.Recipe`. It answers with the
-field at fault and what is wrong, as JSON. One child per distinct reference and session.
+:class:`perfsuite.models.module.Recipe`. It answers with the field at fault and what is
+wrong, as JSON. One child per distinct reference and session.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 #: ``package.module:function``.
@@ -51,16 +53,42 @@ def _probe(source: str, step: str | None, options: str) -> tuple[str, str] | Non
     return (answer["field"], answer["problem"]) if answer else None
 
 
+#: The child's answer for :func:`hf_model_types`: each model type with the tasks that take it.
+_HEADS = """
+import json, sys, transformers
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+tasks = json.loads(sys.argv[1])
+heads = {task: set(getattr(transformers, auto)._model_mapping._model_mapping) for task, auto in tasks.items()}
+print(json.dumps({kind: [task for task in tasks if kind in heads[task]] for kind in CONFIG_MAPPING_NAMES}))
+"""
+
+
 @functools.lru_cache(maxsize=1)
-def hf_model_types() -> frozenset[str]:
-    """The model types this transformers knows. Asked of a child interpreter, since transformers'
-    auto module imports torch, which the pytest process never does. Empty when transformers is
-    missing: the ranks then fail with transformers' own words."""
-    code = (
-        "import json, transformers.models.auto.configuration_auto as c; print(json.dumps(list(c.CONFIG_MAPPING_NAMES)))"
-    )
+def hf_model_types(auto_classes: tuple[tuple[str, str], ...]) -> Mapping[str, frozenset[str]]:
+    """Each model type this transformers knows, with the tasks of ``auto_classes`` ((task, auto
+    class) pairs) whose auto class has a model for it: ``vit`` takes no causal LM head.
+    Asked of a child interpreter, since transformers' auto module imports torch, which the
+    pytest process never does. Empty when transformers is missing: the ranks then fail with
+    transformers' own words."""
+    answer = _ask(_HEADS, json.dumps(dict(auto_classes)))
+    return {kind: frozenset(tasks) for kind, tasks in answer.items()} if isinstance(answer, dict) else {}
+
+
+@functools.lru_cache(maxsize=16)
+def hf_attribute_map(model_type: str) -> Mapping[str, str]:
+    """The ``attribute_map`` of ``model_type``'s config class: a config key every architecture
+    understands -> the key this one stores it under (GPT-2: ``hidden_size`` -> ``n_embd``).
+    Empty when transformers is missing or does not know the type."""
+    code = "import json, sys, transformers; print(json.dumps(transformers.AutoConfig.for_model(sys.argv[1]).attribute_map))"
+    answer = _ask(code, model_type)
+    return answer if isinstance(answer, dict) else {}
+
+
+def _ask(code: str, argument: str) -> Any:
+    """What a child interpreter running ``code`` printed as JSON (None when it failed)."""
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-        return frozenset(json.loads(done.stdout))
+        done = subprocess.run([sys.executable, "-c", code, argument], capture_output=True, text=True, timeout=120,
+                              check=True)  # fmt: skip
+        return json.loads(done.stdout)
     except (subprocess.SubprocessError, ValueError, OSError):
-        return frozenset()
+        return None

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.files import atomic_write_text
-from perfsuite.models.probe import REFERENCE
+from perfsuite.models import HF_TASKS
+from perfsuite.models.probe import REFERENCE, hf_model_types
 
 #: What ``init`` writes, relative to the repository: file -> template.
 LAYOUT = {
@@ -36,8 +37,9 @@ SUBSTITUTED = "test_perf.py.tmpl"
 #: The example model written when no ``--model`` is given, and its reference.
 EXAMPLE = {"perf_models/__init__.py": None, "perf_models/example.py": "example_model.py.tmpl"}
 EXAMPLE_REFERENCE = "perf_models.example:build"
-#: A transformers model type's tiny cpu shape (the user sets theirs for GPUs).
+#: A transformers model type's tiny cpu shape (the user sets theirs for GPUs), and an image model's images.
 HF_SHAPE = "layers=2, hidden=64, heads=4, vocab=512, ffn=128, max_positions=64"
+IMAGE_SHAPE = "image_size=32, patch_size=8"
 #: The command that records a fresh repository's baselines.
 RECORD = "pytest bench_tests --perf-update-baselines"
 
@@ -66,7 +68,24 @@ class Model:
                 f"--model {reference!r}: give 'package.module:function' (your build function) or a transformers "
                 "model type such as llama (a Hub name would need the network)"
             )
-        return cls(f'ModelSpec.hf("{reference}", {HF_SHAPE})', f"a {reference} model", _identifier(reference))
+        task = _task_for(reference)
+        shape = f"{HF_SHAPE}, {IMAGE_SHAPE}" if task == "image_classification" else HF_SHAPE
+        named = "" if task == "causal_lm" else f'"{task}", '
+        return cls(f'ModelSpec.hf("{reference}", {named}{shape})', f"a {reference} model", _identifier(reference))
+
+
+def _task_for(model_type: str) -> str:
+    """The first of perfsuite's tasks that transformers has a ``model_type`` model for (causal_lm
+    when transformers cannot be asked: collection then says what is wrong)."""
+    known = hf_model_types(tuple(HF_TASKS.items()))
+    if not known:
+        return "causal_lm"
+    if model_type not in known:
+        raise ValueError(f"--model {model_type!r} is no transformers model type here (e.g. llama, qwen2, vit)")
+    for task in HF_TASKS:
+        if task in known[model_type]:
+            return task
+    raise ValueError(f"--model {model_type!r}: transformers has none of {', '.join(HF_TASKS.values())} for it")
 
 
 def _identifier(name: str) -> str:
