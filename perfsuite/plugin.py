@@ -22,6 +22,7 @@ from perfsuite.cost import ranking
 from perfsuite.coverage import Coverage, coverage_of
 from perfsuite.envs import PythonEnv
 from perfsuite.launch import Launcher
+from perfsuite.models import probe
 from perfsuite.modes import StaleBaselineWarning  # noqa: F401  (users filter perfsuite.plugin.StaleBaselineWarning)
 from perfsuite.modes.baseline import run_or_fail
 from perfsuite.progress import Progress
@@ -58,6 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--perf-profile"):
         machine.profile(config)  # fail fast on an unknown profile name
     config.stash[LAUNCHER_KEY] = machine.launcher(config)  # e.g. slurm outside an allocation
+    probe.RANK_PATH.set(_worker_env(config)["PYTHONPATH"])  # collection checks a module as its ranks import it
 
 
 def _compare(config: pytest.Config) -> Any:

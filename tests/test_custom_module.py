@@ -6,13 +6,15 @@ a planted slowdown.)"""
 
 from __future__ import annotations
 
+import os
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import record_team
 
-from perfsuite.models import ModelSpec
+from perfsuite.models import ModelSpec, probe
 from perfsuite.protocol import COUNTED_FLOPS
 from perfsuite.validation import ScenarioError
 
@@ -60,12 +62,15 @@ TEAM_MODELS = textwrap.dedent(
 
 
 @pytest.fixture
-def team_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def team_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """teampkg importable here and, for the collection check's child, on the ranks' path."""
     (tmp_path / "teampkg").mkdir()
     (tmp_path / "teampkg" / "__init__.py").write_text("")
     (tmp_path / "teampkg" / "models.py").write_text(TEAM_MODELS)
     monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    token = probe.RANK_PATH.set(os.pathsep.join(p for p in (str(tmp_path), probe.RANK_PATH.get()) if p))
+    yield tmp_path
+    probe.RANK_PATH.reset(token)
 
 
 def test_a_module_reference_is_checked_by_building_it_on_meta(team_package: Path) -> None:
@@ -90,6 +95,23 @@ def test_a_bad_module_reference_fails_naming_the_field(
 ) -> None:
     with pytest.raises(ScenarioError, match=f"field '{field}' {words}"):
         ModelSpec.module(source, **options)
+
+
+def test_a_module_beside_the_tests_that_the_ranks_cannot_import_fails_collection(pytester: pytest.Pytester) -> None:
+    # pytest prepends bench_tests/ to its own path, so it imports my_model; the ranks get the
+    # rootdir and the invocation folder only, and would fail on every rank after collection passed.
+    pytester.makeini("[pytest]")
+    pytester.mkdir("bench_tests")
+    (pytester.path / "bench_tests" / "my_model.py").write_text(TEAM_MODELS)
+    (pytester.path / "bench_tests" / "test_team.py").write_text(
+        "from perfsuite import ModelSpec, Scenario, parametrize\n"
+        "MINE = Scenario('team', 'mine', ModelSpec.module('my_model:build'), world_size=1, micro_batch=2,"
+        " global_batch=2, seq_len=8)\n"
+        "@parametrize([MINE])\ndef test_team(perf, scenario):\n    perf.check(scenario)\n"
+    )
+    collected = pytester.runpytest_subprocess("bench_tests", "--collect-only", "-q", "-p", "no:cacheprovider")
+    assert collected.ret != 0
+    collected.stdout.fnmatch_lines(["*field 'source' cannot be imported: ModuleNotFoundError*my_model*"])
 
 
 def test_a_bad_step_reference_names_the_step(team_package: Path) -> None:

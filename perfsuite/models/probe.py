@@ -19,8 +19,14 @@ import re
 import subprocess
 import sys
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any
 
+#: The PYTHONPATH the ranks get, set by the plugin for its run: the child checks a module
+#: reference with it, so what passes collection imports on every rank (pytest's own path
+#: also holds the test folders it prepends, which the ranks lack). None outside a pytest
+#: run of the plugin: this interpreter's ``sys.path``.
+RANK_PATH: ContextVar[str | None] = ContextVar("perfsuite_rank_path", default=None)
 #: ``package.module:function``.
 REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 #: How long the child may take: importing torch and the team's module, building on meta.
@@ -35,12 +41,17 @@ def check_module(source: str | None, step: str | None, options: Any, build: bool
             continue
         if not isinstance(value, str) or not REFERENCE.match(value):
             return name, f"must be 'package.module:function', got {value!r}"
-    return _probe(str(source), step, json.dumps(options, sort_keys=True)) if build else None
+    if not build:
+        return None
+    path = RANK_PATH.get()
+    return _probe(
+        str(source), step, json.dumps(options, sort_keys=True), path or os.pathsep.join(p for p in sys.path if p)
+    )
 
 
 @functools.lru_cache(maxsize=64)
-def _probe(source: str, step: str | None, options: str) -> tuple[str, str] | None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+def _probe(source: str, step: str | None, options: str, path: str) -> tuple[str, str] | None:
+    env = {**os.environ, "PYTHONPATH": path}
     argv = [sys.executable, "-m", "perfsuite.models.module", source, step or "", options]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env, check=False)
