@@ -75,8 +75,11 @@ class Costs:
         """Estimated seconds of one launch of ``target``; ``peers`` are the other targets (for group means)."""
         if target.id in self.launch_s:
             return self.launch_s[target.id]
-        for same in (lambda p: p.group == target.group, lambda p: p.kind == target.kind):
-            measured = [self.launch_s[p.id] for p in peers if same(p) and p.id in self.launch_s]
+        # Its group from every launch measured here, selected now or not (a -k run's new rows
+        # are priced by their group's old ones); its kind from this run's targets.
+        group = [seconds for key, seconds in self.launch_s.items() if key.split(".", 1)[0] == target.group]
+        kind = [self.launch_s[p.id] for p in peers if p.kind == target.kind and p.id in self.launch_s]
+        for measured in (group, kind):
             if measured:
                 return statistics.mean(measured)
         return DEFAULT_LAUNCH_S[self.device].get(target.kind, max(DEFAULT_LAUNCH_S[self.device].values()))
