@@ -2,12 +2,16 @@
 # The next GPU session's one call, prepared on CPU (fifth session, 2026-11-26, no GPU lent).
 # From the repo root, after `make gpu-kit`:
 #   run  command="bash docs/gpu-runs/next/device-call.sh"  carry=[".kit"]  kind=nvidia-h100-x1  timeout_s=560
-# Then give_back, unless a rerun follows at once (resume: carry build/bootstrap from bootstrap.tar.gz).
-#  1. The bootstrap, 380 s: the rows the H100 profile still lacks (compile, the plain-shape
-#     matmuls, vector_mul, the Trainer's other batches, tp1_pp1_mcore, ddp_fp32 at 80 GB),
-#     then their cv; the selftest at 0% only (detection at 3/5/10% is measured, the 0% tally is short).
+# A rerun on the warm machine: first extract the returned bootstrap.tar.gz at the repo root (it holds
+# build/bootstrap and the baselines the call recorded: tracked files travel as they are here), then
+# carry [".kit", "build/bootstrap"]. Otherwise give_back.
+#  1. The bootstrap, 380 s, on the 15 rows the H100 profile still lacks (compile, the plain-shape
+#     matmuls, vector_mul, the Trainer's other batches, tp1_pp1_mcore, ddp_fp32 at 80 GB). At their
+#     groups' measured costs (~35-60 s a baseline with its op profile) it records about six of them,
+#     cheapest group first; their cv and a 0% selftest (--levels 0: detection at 3/5/10% is measured,
+#     the 0% tally is short) run if time is left. tp1_pp1_mcore has never run: megatron-core needs CUDA.
 #  2. One CUDA OOM under a 20 GiB cap (oomcheck.py), to see the allocator snapshot's timeline
-#     (device_traces) that the fourth session's mend should keep. ~100 s.
+#     (device_traces) that the fourth session's mend should keep. ~70-150 s.
 set -u
 export PYTHONUNBUFFERED=1
 here=docs/gpu-runs/next
@@ -19,7 +23,7 @@ echo "bootstrap exit $?"
 prefix=$(mktemp -d /tmp/kit2.XXXXXX)
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$prefix" .kit/*.whl
 start=$(date +%s)
-PYTHONPATH=$prefix:$here timeout --kill-after=10 120 python3 -m pytest bench_tests/test_model_state_sharding.py \
+PYTHONPATH=$prefix:$here timeout --kill-after=10 150 python3 -m pytest bench_tests/test_model_state_sharding.py \
   -p oomcheck -k ddp_fp32 --perf-profile cuda-20gb-oomcheck --perf-artifacts build/oom-art \
   -p no:cacheprovider -rA > "$OUT/oom.log" 2>&1
 echo "oom check exit $? in $(( $(date +%s) - start ))s" | tee -a "$OUT/oom.log"
