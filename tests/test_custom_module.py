@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import record_team
+from conftest import record_team, require
 
 from perfsuite.models import ModelSpec, probe
 from perfsuite.protocol import COUNTED_FLOPS
@@ -144,7 +144,7 @@ def test_team(perf, scenario):
 
 
 def test_a_team_module_trains_under_ddp_and_zero2_and_its_own_step_counts_its_flops(pytester: pytest.Pytester) -> None:
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     pytester.mkpydir("teampkg")
     (pytester.path / "teampkg" / "models.py").write_text(TEAM_MODELS)
     results = record_team(pytester, TEAM_BENCH, passed=3)

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import CPU_PROFILE, record_team, team_gate
+from conftest import CPU_PROFILE, record_team, require, team_gate
 
 from perfsuite.models import ModelSpec
 from perfsuite.protocol import COUNTED_FLOPS
@@ -111,7 +111,7 @@ def test_team(perf, scenario):
 def test_transformers_architectures_train_under_ddp_fsdp2_and_zero2_and_a_slowdown_fails(
     pytester: pytest.Pytester,
 ) -> None:
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     results = record_team(pytester, HF_MODULE, passed=5)
     assert {r["verdict"] for r in results.values()} == {"recorded"}
     assert results["team.llama_ddp"]["config"]["model"]["source"] == "llama"
@@ -122,7 +122,9 @@ def test_transformers_architectures_train_under_ddp_fsdp2_and_zero2_and_a_slowdo
     # Sharding engines hold less model state per rank than DDP's whole replica.
     state = {k.split(".")[1]: r["metrics"]["model_state_bytes_per_rank"] for k, r in results.items()}
     assert state["llama_fsdp2"] < state["llama_ddp"] and state["llama_zero2"] < state["llama_ddp"]
-    slowed = team_gate(pytester, "-k", "llama_ddp", "--perf-inject-slowdown=300")
+    slowed = team_gate(
+        pytester, "-k", "llama_ddp", "--perf-inject-slowdown=300", "--perf-confirm=0", "--perf-op-profiles=off"
+    )
     slowed.assert_outcomes(failed=1)
     slowed.stdout.fnmatch_lines(["*team.llama_ddp: regression: samples_per_s*"])
 

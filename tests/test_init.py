@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION
+from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION, require
 from test_workflows import ROOT, lint
 
 from perfsuite.scaffold import RECORD, Model, init, render
@@ -94,7 +94,7 @@ def test_the_workflow_init_writes_passes_actionlint_and_installs_what_its_steps_
 
 @pytest.mark.slow  # ~70 s; CI keeps its parts: a module (test_custom_module) and Llama (test_hf_models) e2e
 def test_the_example_team_repo_records_judges_and_catches_a_slowdown(pytester: pytest.Pytester) -> None:
-    pytest.importorskip("transformers")
+    require("transformers")
     shutil.copytree(ROOT / "examples" / "team-repo", pytester.path, dirs_exist_ok=True)
     (pytester.path / "conftest.py").write_text(JUDGE_UNDER_CONTENTION)
     recorded = gate(pytester, "--perf-update-baselines", "--perf-json", "rec.json")
