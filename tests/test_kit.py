@@ -59,6 +59,7 @@ def stub_wheel(folder: Path, name: str, version: str, tag: str = "py3-none-any")
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow  # builds the kit from the index (~30 s); every GPU session builds it first anyway
 def test_the_kit_and_the_image_hold_every_gpu_extra(kit: Path, tmp_path: Path) -> None:
     stubs = tmp_path / "stubs"
     stubs.mkdir()
@@ -84,6 +85,7 @@ def test_the_kit_and_the_image_hold_every_gpu_extra(kit: Path, tmp_path: Path) -
     assert {"perfsuite", "deepspeed", "fairscale", "megatron-core"} <= from_kit
 
 
+@pytest.mark.slow  # builds the kit from the index (~30 s); every GPU session builds it first anyway
 def test_the_kit_is_small_and_leaves_the_cuda_stack_to_the_image(kit: Path) -> None:
     wheels = {wheelhouse.wheel_key(w.name)[0]: w for w in kit.glob("*.whl")}
     assert {"perfsuite", "deepspeed", "fairscale", "megatron-core"} <= set(wheels)
