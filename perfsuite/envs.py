@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,11 +68,14 @@ class PythonEnv:
         """Its Python version and the versions of ``packages`` installed in it (once per session)."""
         return dict(_probe(self.python, self.name, packages))
 
-    def worker_env(self) -> dict[str, str]:
-        """Extra variables its ranks need: perfsuite's source on the path (the env need not install it)."""
+    def worker_env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` (the variables every rank gets) with what its ranks also need: perfsuite's source
+        first on the path, since the environment need not install it, before ``base``'s path (the
+        project's rootdir and invocation folder, where a scenario's own modules are found; this
+        process's own PYTHONPATH when ``base`` has none)."""
         source = str(Path(perfsuite.__file__).resolve().parents[1])
-        existing = os.environ.get("PYTHONPATH")
-        return {"PYTHONPATH": os.pathsep.join([source, *([existing] if existing else [])])}
+        rest = base.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
+        return {**base, "PYTHONPATH": os.pathsep.join([source, *([rest] if rest else [])])}
 
 
 @functools.cache

@@ -161,8 +161,7 @@ class Launches:
         per_node = topology.ranks_per_node(scenario.world_size) if topology else None
         python = settings.envs[env]
         worker_env = {
-            **settings.worker_env,
-            **({} if python.is_current else python.worker_env()),
+            **(dict(settings.worker_env) if python.is_current else python.worker_env(settings.worker_env)),
             **launcher_env(),  # ranks exit if this process dies, even by SIGKILL
         }
         return WorkerJob(

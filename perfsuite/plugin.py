@@ -7,6 +7,7 @@ verdict fails, skips or passes *that* test, never a session hook.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import shutil
 import sys
@@ -34,6 +35,7 @@ from perfsuite.workloads.base import BaseScenario
 SESSION_KEY = pytest.StashKey["PerfSession"]()
 ENVS_KEY = pytest.StashKey[dict[str, PythonEnv]]()
 LAUNCHER_KEY = pytest.StashKey[Launcher]()
+RANK_PATH_KEY = pytest.StashKey[contextvars.Token[str | None]]()
 
 # perfsuite's default extra metrics and its exporters are pytest plugins of
 # their own: each implements a perfsuite hook (pytest_perfsuite_extra_metrics,
@@ -59,7 +61,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--perf-profile"):
         machine.profile(config)  # fail fast on an unknown profile name
     config.stash[LAUNCHER_KEY] = machine.launcher(config)  # e.g. slurm outside an allocation
-    probe.RANK_PATH.set(_worker_env(config)["PYTHONPATH"])  # collection checks a module as its ranks import it
+    # Collection checks a module as its ranks import it; reset when this run ends (pytester runs in-process).
+    config.stash[RANK_PATH_KEY] = probe.RANK_PATH.set(_worker_env(config)["PYTHONPATH"])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    token = config.stash.get(RANK_PATH_KEY, None)
+    if token is not None:
+        with contextlib.suppress(ValueError):  # set in another context (a thread pytest ran this in)
+            probe.RANK_PATH.reset(token)
 
 
 def _compare(config: pytest.Config) -> Any:

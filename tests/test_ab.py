@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION, TINY
 
+import perfsuite
 from perfsuite import metrics as registry
 from perfsuite.abtest import compare, run_ab, summary_lines
+from perfsuite.envs import PythonEnv
+from perfsuite.modes.ab import compared
+from perfsuite.workloads.microbench import Microbench
 from perfsuite.workloads.train import Scenario
 
 BASE = [100.0, 104.0, 97.0, 101.0, 99.0]
@@ -172,3 +177,19 @@ def test_bad_env_or_ab_flags_are_usage_errors(project: pytest.Pytester, flags: l
     result = project.runpytest_subprocess(CPU_PROFILE, *flags)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+def test_a_best_shape_matmuls_memory_is_left_out_of_the_ab() -> None:
+    # Each launch searches again, and its pick's memory differs from another shape's (352 or 608 MiB).
+    best = Microbench("microbench", "best", op="matmul_best", dtype="fp32", search=((64, 64, 64),))
+    plain = Microbench("microbench", "plain", op="matmul", dtype="fp32", shape=(64, 64, 64))
+    assert compared(best) == ["tflops"] and compared(plain) == ["tflops", "peak_mem_mib"]
+
+
+def test_ranks_in_another_environment_keep_the_projects_path() -> None:
+    # An --perf-env interpreter gets perfsuite's source first, and still the rootdir and invocation
+    # folder every rank gets, so a scenario's own module imports there as collection checked it.
+    base = {"PYTHONPATH": "/repo:/repo/sub", "OTHER": "1"}
+    env = PythonEnv("twin", "/opt/twin/bin/python").worker_env(base)
+    source = str(Path(perfsuite.__file__).resolve().parents[1])
+    assert env == {"PYTHONPATH": f"{source}:/repo:/repo/sub", "OTHER": "1"}

@@ -83,11 +83,12 @@ def test_the_plan_orders_steps_by_information_per_second() -> None:
 def test_estimates_come_from_the_scenario_then_its_group_then_its_kind_then_the_default(tmp_path: Path) -> None:
     ts = [target("a.1", "a"), target("a.2", "a"), target("b.1", "b"), target("m.1", "m", "membw")]
     costs = Costs("cpu")
-    costs.learn([{"id": "a.1", "status": "ok", "wall_s": 8.0}], launches=1, wall_s=11.0)
-    assert costs.launch(ts[0], ts) == 8.0 and costs.fixed("pytest") == 3.0  # 11 s step, 8 s launch
-    assert costs.launch(ts[1], ts) == 8.0  # its group's measured launches
-    assert costs.launch(ts[1], ts[1:]) == 8.0  # ... also when a -k left them out of this run
-    assert costs.launch(ts[2], ts) == 8.0  # its kind's
+    costs.learn([{"id": "a.1", "status": "ok", "wall_s": 5.0}], launches=1, wall_s=8.0)
+    assert DEFAULT_LAUNCH_S["cpu"]["train"] != 5.0  # so each figure below is a measured one
+    assert costs.launch(ts[0], ts) == 5.0 and costs.fixed("pytest") == 3.0  # 8 s step, 5 s launch
+    assert costs.launch(ts[1], ts) == 5.0  # its group's measured launches
+    assert costs.launch(ts[1], ts[1:]) == 5.0  # ... also when a -k left them out of this run
+    assert costs.launch(ts[2], ts) == 5.0  # its kind's
     assert costs.launch(ts[3], ts) == DEFAULT_LAUNCH_S["cpu"]["membw"]
     costs.learn_at_least([ts[3]], 40.0)  # stopped after 40 s without reporting
     assert costs.launch(ts[3], ts) == 40.0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import CPU_PROFILE, record_team, require, team_gate
 
+from perfsuite import models
 from perfsuite.models import ModelSpec
 from perfsuite.protocol import COUNTED_FLOPS
 from perfsuite.validation import ScenarioError
@@ -50,17 +51,29 @@ def test_a_gpt2_style_config_json_gives_its_shape_under_its_own_key_names(tmp_pa
     assert spec.config == {"activation_function": "gelu_new"}  # nothing left to contradict the shape
 
 
+def test_a_config_json_whose_key_names_cannot_be_asked_fails_collection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Read without its architecture's key names, a GPT-2 file would build another model than its own.
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4}))
+    monkeypatch.setattr(models, "hf_attribute_map", lambda model_type: None)  # the child failed
+    with pytest.raises(ScenarioError, match="field 'source' could not be read: the child interpreter"):
+        ModelSpec.hf(str(path))
+
+
 def test_a_decoder_only_classifier_trains_a_batch_of_several_rows() -> None:
     # Llama defines no pad token; its classification head needs one to find each row's last token.
     torch = pytest.importorskip("torch")
     from perfsuite.models.hf import auto
 
-    spec = ModelSpec.hf("llama", "classification", **SHAPE)
-    assert spec.hf_config()["pad_token_id"] == 0
-    assert ModelSpec.hf("llama", "classification", **SHAPE, pad_token_id=3).hf_config()["pad_token_id"] == 3
-    out = auto(spec)(input_ids=torch.randint(1, 512, (4, 16)), labels=torch.tensor([0, 1, 0, 1]))
+    llama = auto(ModelSpec.hf("llama", "classification", **SHAPE))
+    out = llama(input_ids=torch.randint(1, 512, (4, 16)), labels=torch.tensor([0, 1, 0, 1]))
     out.loss.backward()
-    assert out.logits.shape == (4, 2)
+    assert out.logits.shape == (4, 2) and llama.config.pad_token_id == 0
+    # A pad token the user or the type gives is kept (RoBERTa's is 1).
+    assert auto(ModelSpec.hf("llama", "classification", **SHAPE, pad_token_id=3)).config.pad_token_id == 3
+    assert auto(ModelSpec.hf("roberta", "classification", **SHAPE)).config.pad_token_id == 1
 
 
 @pytest.mark.parametrize(

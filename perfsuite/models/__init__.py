@@ -174,7 +174,7 @@ class ModelSpec:
         stored: Mapping[str, str] = {}
         if model.endswith(".json"):
             model, config = _config_file(model)
-            stored = hf_attribute_map(model) if COLLECTION_CHECKS.get() else {}  # GPT-2's file says n_layer
+            stored = _stored_keys(model)
         shape = {name: fields.pop(name, config.pop(stored.get(key, key), None)) for name, key in HF_SHAPE_KEYS.items()}
         for name in ("vocab", "ffn", "max_positions"):  # the dataclass's own defaults where neither gave one
             if shape[name] is None:
@@ -273,12 +273,17 @@ class ModelSpec:
         labels = (
             {"num_labels": CLASSIFICATION_LABELS} if self.task in ("classification", "image_classification") else {}
         )
-        config = {**shape, HF_SHAPE_KEYS["ffn"]: self.ffn_size, **labels, **self.config}
-        if self.task == "classification" and config.get("pad_token_id") is None:
-            # Decoder-only types (llama, qwen2, gpt2) define no pad token, and their classification
-            # head finds each row's last token by it: without one, a batch over 1 row fails.
-            config["pad_token_id"] = 0
-        return config
+        return {**shape, HF_SHAPE_KEYS["ffn"]: self.ffn_size, **labels, **self.config}
+
+
+def _stored_keys(model_type: str) -> Mapping[str, str]:
+    """The keys a ``model_type`` config.json stores the shape under (GPT-2: ``n_layer``...), as its
+    config class maps them; asked of transformers at collection."""
+    found = hf_attribute_map(model_type) if COLLECTION_CHECKS.get() else {}
+    if found is None:
+        raise fail(f"model {model_type}", "source", "could not be read: the child interpreter asking transformers "
+                   "for this type's config keys failed (is the machine short of memory or time?)")  # fmt: skip
+    return found
 
 
 def _config_file(path: str) -> tuple[str, dict[str, Any]]:

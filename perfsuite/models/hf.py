@@ -82,6 +82,10 @@ def auto(m: ModelSpec) -> nn.Module:
     import transformers
 
     config = transformers.AutoConfig.for_model(m.source, **m.hf_config())
+    if m.task == "classification" and config.pad_token_id is None:
+        # Decoder-only types (llama, qwen2, gpt2) define no pad token, and their classification
+        # head finds each row's last token by it: without one, a batch over 1 row fails.
+        config.pad_token_id = 0
     auto_class = getattr(transformers, HF_TASKS[m.task or "causal_lm"])
     model: nn.Module = auto_class.from_config(config)
     return model

@@ -13,6 +13,7 @@ wrong, as JSON. One child per distinct reference and session.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import re
@@ -85,14 +86,27 @@ def hf_model_types(auto_classes: tuple[tuple[str, str], ...]) -> Mapping[str, fr
     return {kind: frozenset(tasks) for kind, tasks in answer.items()} if isinstance(answer, dict) else {}
 
 
+#: The child's answer for :func:`hf_attribute_map` ({} for a type transformers does not know:
+#: collection then names the type as unknown).
+_ATTRIBUTES = """
+import json, sys, transformers
+try:
+    print(json.dumps(transformers.AutoConfig.for_model(sys.argv[1]).attribute_map))
+except ValueError:
+    print("{}")
+"""
+
+
 @functools.lru_cache(maxsize=16)
-def hf_attribute_map(model_type: str) -> Mapping[str, str]:
+def hf_attribute_map(model_type: str) -> Mapping[str, str] | None:
     """The ``attribute_map`` of ``model_type``'s config class: a config key every architecture
     understands -> the key this one stores it under (GPT-2: ``hidden_size`` -> ``n_embd``).
-    Empty when transformers is missing or does not know the type."""
-    code = "import json, sys, transformers; print(json.dumps(transformers.AutoConfig.for_model(sys.argv[1]).attribute_map))"
-    answer = _ask(code, model_type)
-    return answer if isinstance(answer, dict) else {}
+    Empty when transformers is missing; None when it is installed and its child failed, since
+    reading a config.json without the map would build another model than the file's."""
+    if importlib.util.find_spec("transformers") is None:
+        return {}
+    answer = _ask(_ATTRIBUTES, model_type)
+    return answer if isinstance(answer, dict) else None
 
 
 def _ask(code: str, argument: str) -> Any:

@@ -83,7 +83,7 @@ class ABMode(Mode):
             pytest.skip(f"{scenario.id}: {skip}")
         slowdown = self.config.getoption("--perf-ab-inject-slowdown")
         tolerance = self.config.getoption("--perf-ab-tolerance")
-        tolerances = gated(resolved.primary, resolved.metrics, resolved.tolerances, session.profile, tolerance)
+        tolerances = gated(resolved.primary, compared(resolved), resolved.tolerances, session.profile, tolerance)
 
         def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
             return session.launch_once(resolved, env, slowdown if env == self.candidate else 0.0)
@@ -117,6 +117,13 @@ class ABMode(Mode):
 
     def results_json(self) -> Mapping[str, Any]:
         return {"ab": [r.to_json() for r in self.results]}
+
+
+def compared(scenario: BaseScenario) -> list[str]:
+    """The metrics an A/B may compare: the kind's, less those that follow a rank's pick (a best
+    shape's memory). Launches that picked differently differ in them, and no launch's pick is kept."""
+    picked = {name for names in scenario.picks().values() for name in names}
+    return [name for name in scenario.metrics if name not in picked]
 
 
 def gated(
