@@ -280,10 +280,11 @@ def finished_steps(tmp_path: Path) -> list[str]:
     return [k for k, r in steps.items() if r["status"] == "done"]
 
 
+@pytest.mark.serial  # ~30 s alone, 3-4x that beside xdist's other worker: each step starts pytest, torchrun, ranks
 @pytest.mark.timeout(400)
 def test_a_cpu_bootstrap_killed_halfway_resumes_and_completes(tmp_path: Path) -> None:
     # One scenario, the device copy: a ceiling, so the first run's second step; what is left to resume
-    # after the kill is its cv, its selftest and the report (about 40 s alone, 3-4x that beside xdist's other worker).
+    # after the kill is its cv, its selftest and the report.
     first = subprocess.Popen(
         bootstrap(tmp_path, "--budget", "5m", "--repeats", "2", keyword=COPY),
         cwd=ROOT,
