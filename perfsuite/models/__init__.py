@@ -250,14 +250,14 @@ class ModelSpec:
     @staticmethod
     def _check_transformers(owner: str, model_type: str, task: str) -> None:
         """The model type and the task against this transformers (asked of a child; at collection only)."""
-        known = hf_model_types(tuple(HF_TASKS.items())) if COLLECTION_CHECKS.get() else {}
+        known = hf_tasks_by_type() if COLLECTION_CHECKS.get() else {}
         if not known:
             return
         if model_type not in known:
             raise fail(owner, "source", f"is no transformers model type here (transformers knows {len(known)}, "
                        "e.g. llama, qwen2, mistral, vit); a Hub model's own type is its config.json's model_type")  # fmt: skip
         if task not in known[model_type]:
-            takes = ", ".join(t for t in HF_TASKS if t in known[model_type]) or f"none of {', '.join(HF_TASKS)}"
+            takes = ", ".join(known[model_type]) or f"none of {', '.join(HF_TASKS)}"
             raise fail(owner, "task", f"{task!r} has no {model_type} model in transformers ({HF_TASKS[task]} lacks "
                        f"it); {model_type} takes: {takes}")  # fmt: skip
 
@@ -274,6 +274,12 @@ class ModelSpec:
             {"num_labels": CLASSIFICATION_LABELS} if self.task in ("classification", "image_classification") else {}
         )
         return {**shape, HF_SHAPE_KEYS["ffn"]: self.ffn_size, **labels, **self.config}
+
+
+def hf_tasks_by_type() -> Mapping[str, tuple[str, ...]]:
+    """Each model type this transformers knows, with the tasks of :data:`HF_TASKS` it has a model
+    for, in that table's order (asked of a child once; empty when transformers is missing)."""
+    return hf_model_types(tuple(HF_TASKS.items()))
 
 
 def _stored_keys(model_type: str) -> Mapping[str, str]:

@@ -76,14 +76,14 @@ print(json.dumps({kind: [task for task in tasks if kind in heads[task]] for kind
 
 
 @functools.lru_cache(maxsize=1)
-def hf_model_types(auto_classes: tuple[tuple[str, str], ...]) -> Mapping[str, frozenset[str]]:
+def hf_model_types(auto_classes: tuple[tuple[str, str], ...]) -> Mapping[str, tuple[str, ...]]:
     """Each model type this transformers knows, with the tasks of ``auto_classes`` ((task, auto
-    class) pairs) whose auto class has a model for it: ``vit`` takes no causal LM head.
+    class) pairs) whose auto class has a model for it, in their order: ``vit`` takes no causal LM head.
     Asked of a child interpreter, since transformers' auto module imports torch, which the
     pytest process never does. Empty when transformers is missing: the ranks then fail with
     transformers' own words."""
     answer = _ask(_HEADS, json.dumps(dict(auto_classes)))
-    return {kind: frozenset(tasks) for kind, tasks in answer.items()} if isinstance(answer, dict) else {}
+    return {kind: tuple(tasks) for kind, tasks in answer.items()} if isinstance(answer, dict) else {}
 
 
 #: The child's answer for :func:`hf_attribute_map` ({} for a type transformers does not know:

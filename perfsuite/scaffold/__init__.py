@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.files import atomic_write_text
-from perfsuite.models import HF_TASKS
-from perfsuite.models.probe import REFERENCE, hf_model_types
+from perfsuite.models import HF_TASKS, hf_tasks_by_type
+from perfsuite.models.probe import REFERENCE
 
 #: What ``init`` writes, relative to the repository: file -> template.
 LAYOUT = {
@@ -77,15 +77,14 @@ class Model:
 def _task_for(model_type: str) -> str:
     """The first of perfsuite's tasks that transformers has a ``model_type`` model for (causal_lm
     when transformers cannot be asked: collection then says what is wrong)."""
-    known = hf_model_types(tuple(HF_TASKS.items()))
+    known = hf_tasks_by_type()
     if not known:
         return "causal_lm"
     if model_type not in known:
         raise ValueError(f"--model {model_type!r} is no transformers model type here (e.g. llama, qwen2, vit)")
-    for task in HF_TASKS:
-        if task in known[model_type]:
-            return task
-    raise ValueError(f"--model {model_type!r}: transformers has none of {', '.join(HF_TASKS.values())} for it")
+    if not known[model_type]:
+        raise ValueError(f"--model {model_type!r}: transformers has none of {', '.join(HF_TASKS.values())} for it")
+    return known[model_type][0]
 
 
 def _identifier(name: str) -> str:
