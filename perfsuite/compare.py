@@ -29,6 +29,7 @@ Verdict = Literal[
     "unreliable",
     "imbalance",
     "definition_changed",
+    "other_machine",
 ]
 FAILING: frozenset[str] = frozenset(
     {"regression", "unexpected_oom", "unexpected_pass", "error", "imbalance", "definition_changed"}

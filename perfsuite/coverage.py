@@ -9,7 +9,10 @@ or not recorded under ``--perf-update-baselines``) fails, unless
 stated reason (too few GPUs, another profile, a missing environment) are
 listed apart: this machine cannot judge them, and saying so is enough.
 Quarantined scenarios (:mod:`perfsuite.quarantine`) run and are reported, but
-do not gate; they are counted apart too. Pytest side, torch-free.
+do not gate; they are counted apart too. So are ``other_machine`` scenarios:
+their baseline's processor is not this one, so only their memory was judged
+(they count as judged; their timing is listed apart with what would judge it).
+Pytest side, torch-free.
 """
 
 from __future__ import annotations
@@ -22,8 +25,15 @@ from typing import Any
 #: search that trained or ran out of memory at least once).
 JUDGED = frozenset(
     {"pass", "regression", "improved", "expected_oom", "unexpected_oom", "unexpected_pass", "imbalance", "error",
-     "recorded", "searched"}
+     "recorded", "searched", "other_machine"}
 )  # fmt: skip
+#: The judged verdict whose timing was not: its baseline came from another processor.
+TIMING_ELSEWHERE = "other_machine"
+#: What would judge such a scenario's timing.
+TIMING_FIX = (
+    "record this machine's baselines (pytest ... --perf-update-baselines), or compare against a "
+    "revision on this machine: python -m perfsuite ab-rev HEAD~1 -k ..."
+)
 #: Verdicts that leave a scenario unjudged where it should have been judged, with what fixes each.
 UNJUDGED: Mapping[str, str] = {
     "unreliable": "rerun on a quiet runner (see each scenario's contention or throttling)",
@@ -54,6 +64,8 @@ class Coverage:
     quarantined: tuple[str, ...] = ()
     unreliable_causes: tuple[str, ...] = ()
     """The first measured cause per unreliable scenario, for the line."""
+    timing_elsewhere: tuple[str, ...] = ()
+    """Judged on memory only: their baselines were recorded on another processor."""
 
     @property
     def ok(self) -> bool:
@@ -73,7 +85,15 @@ class Coverage:
             parts.append(f"quarantined (run, not gating): {len(self.quarantined)}")
         if self.skipped:
             parts.append(f"not for this machine: {len(self.skipped)}")
+        if self.timing_elsewhere:
+            parts.append(f"timing not judged, baseline from another processor: {len(self.timing_elsewhere)}")
         return "; ".join(parts)
+
+    def notes(self) -> list[str]:
+        """What the line leaves unjudged without failing the run, and what would judge it."""
+        if not self.timing_elsewhere:
+            return []
+        return [f"{TIMING_ELSEWHERE}: {_shown(self.timing_elsewhere)}: judged on memory only; {TIMING_FIX}"]
 
     def _unjudged_texts(self) -> list[str]:
         texts = []
@@ -86,8 +106,7 @@ class Coverage:
         """What to do about each kind of unjudged scenario, naming them."""
         found = []
         for verdict, ids in self.unjudged.items():
-            shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
-            found.append(f"{verdict}: {shown}: {UNJUDGED.get(verdict, 'see its message')}")
+            found.append(f"{verdict}: {_shown(ids)}: {UNJUDGED.get(verdict, 'see its message')}")
         if not self.judged and self.selected and not self.unjudged and not self._only_skipped:
             found.append("nothing was judged: see each scenario's message")
         return found
@@ -101,8 +120,14 @@ class Coverage:
             "unjudged": {k: list(v) for k, v in self.unjudged.items()},
             "quarantined": list(self.quarantined),
             "skipped": dict(self.skipped),
+            "timing_elsewhere": list(self.timing_elsewhere),
             "fixes": self.fixes(),
+            "notes": self.notes(),
         }
+
+
+def _shown(ids: tuple[str, ...]) -> str:
+    return ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
 
 
 def coverage_of(outcomes: Iterable[Outcome]) -> Coverage:
@@ -122,8 +147,9 @@ def coverage_of(outcomes: Iterable[Outcome]) -> Coverage:
             unjudged.setdefault(item.verdict, []).append(item.id)
             if item.verdict == "unreliable":
                 causes.append(_cause(item.message))
+    elsewhere = tuple(item.id for item in items if item.verdict == TIMING_ELSEWHERE and not item.quarantined)
     return Coverage(len(items), tuple(judged), {k: tuple(v) for k, v in unjudged.items()}, skipped,
-                    tuple(quarantined), tuple(causes))  # fmt: skip
+                    tuple(quarantined), tuple(causes), elsewhere)  # fmt: skip
 
 
 def _cause(message: str) -> str:

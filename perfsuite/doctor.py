@@ -28,9 +28,11 @@ from typing import Any
 
 import pytest
 
+from perfsuite import processor as processors
 from perfsuite.engines import ENGINES, EngineSpec
 from perfsuite.fingerprint import machine_fingerprint
 from perfsuite.fitting import fit_to_hardware, launch_precondition
+from perfsuite.identity import describe_card
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.torchrun import LocalTorchrun
 from perfsuite.models import ModelSpec
@@ -165,11 +167,12 @@ def _collect(paths: Sequence[str], keyword: str | None) -> _Collector:
 
 def describe_machine(fingerprint: dict[str, Any], profile: HardwareProfile) -> list[str]:
     gpus = fingerprint.get("gpus") or []
-    names = ", ".join(f"{g['name']} ({g['memory_mib']} MiB)" for g in gpus) or "none"
+    names = ", ".join(f"{describe_card(g)}, {g['memory_mib']} MiB" for g in gpus) or "none"
+    links = f", {fingerprint['interconnect']}" if fingerprint.get("interconnect") else ""
+    cpu = processors.describe(fingerprint["processor"]) if fingerprint.get("processor") else fingerprint.get("cpu")
     lines = [
-        f"machine: {fingerprint.get('host')} ({fingerprint.get('cpu')}, {fingerprint.get('cpu_count')} cores, "
-        f"Python {fingerprint.get('python')})",
-        f"GPUs: {len(gpus)}: {names}" + (f" (driver {fingerprint['driver']})" if gpus else ""),
+        f"machine: {fingerprint.get('host')} ({cpu}, Python {fingerprint.get('python')})",
+        f"GPUs: {len(gpus)}: {names}" + (f" (driver {fingerprint['driver']}{links})" if gpus else ""),
         f"profile: {profile.name} (device {profile.device})",
         "packages: " + ", ".join(f"{k} {v}" for k, v in sorted(fingerprint.get("packages", {}).items())),
     ]

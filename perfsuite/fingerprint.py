@@ -11,9 +11,15 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-from typing import Any
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, TypeVar
 
 from perfsuite.engines import ENGINES
+from perfsuite.identity import card_setting_changes
+from perfsuite.processor import processor
+
+T = TypeVar("T")
 
 #: Packages every run depends on; engines add theirs (EngineSpec.packages).
 CORE_PACKAGES = ("torch", "transformers", "perfsuite")
@@ -35,7 +41,7 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def _nvml_gpus() -> tuple[list[dict[str, Any]], dict[str, str]]:
+def _nvml_gpus() -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """GPUs visible to this process and driver facts; empty without NVML."""
     try:
         import pynvml
@@ -46,24 +52,67 @@ def _nvml_gpus() -> tuple[list[dict[str, Any]], dict[str, str]]:
     except pynvml.NVMLError:
         return [], {}
     try:
-        gpus = []
-        for index, handle in visible_devices(pynvml):
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            gpus.append(
-                {
-                    "index": index,
-                    "name": _text(pynvml.nvmlDeviceGetName(handle)),
-                    "memory_mib": memory.total // 2**20,
-                }
-            )
+        visible = visible_devices(pynvml)
+        gpus = [card(pynvml, index, handle) for index, handle in visible]
         cuda = pynvml.nvmlSystemGetCudaDriverVersion()
         driver = {
             "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
             "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}",
+            "interconnect": interconnect(pynvml, [handle for _, handle in visible]),
         }
         return gpus, driver
     finally:
         pynvml.nvmlShutdown()
+
+
+def card(nvml: Any, index: int | str, handle: Any) -> dict[str, Any]:
+    """One GPU as a baseline remembers it: which card (UUID, serial) and the settings that
+    bound its speed (enforced power limit, application clocks, ECC, active NVLinks). A
+    reading the card or driver refuses (a serial on a consumer card, clocks under MIG) is None."""
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    ecc = _maybe(lambda: nvml.nvmlDeviceGetEccMode(handle)[0])
+    return {
+        "index": index,
+        "name": _text(nvml.nvmlDeviceGetName(handle)),
+        "memory_mib": memory.total // 2**20,
+        "uuid": _maybe(lambda: _text(nvml.nvmlDeviceGetUUID(handle))),
+        "serial": _maybe(lambda: _text(nvml.nvmlDeviceGetSerial(handle))),
+        "power_limit_w": _maybe(lambda: round(nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000)),
+        "app_clocks_mhz": {
+            "sm": _maybe(lambda: int(nvml.nvmlDeviceGetApplicationsClock(handle, nvml.NVML_CLOCK_SM))),
+            "mem": _maybe(lambda: int(nvml.nvmlDeviceGetApplicationsClock(handle, nvml.NVML_CLOCK_MEM))),
+        },
+        "ecc": None if ecc is None else ecc == nvml.NVML_FEATURE_ENABLED,
+        "nvlinks": _active_nvlinks(nvml, handle),
+    }
+
+
+def _active_nvlinks(nvml: Any, handle: Any) -> int | None:
+    """NVLinks up on one card; None where NVML cannot tell (no NVLink on the card: NotSupported)."""
+    links = [_maybe(partial(nvml.nvmlDeviceGetNvLinkState, handle, link)) for link in range(nvml.NVML_NVLINK_MAX_LINKS)]
+    known = [state for state in links if state is not None]
+    return sum(state == nvml.NVML_FEATURE_ENABLED for state in known) if known else None
+
+
+def interconnect(nvml: Any, handles: list[Any]) -> str | None:
+    """How the visible GPUs reach each other: ``nvlink`` (every pair), ``pcie`` (none),
+    ``nvlink+pcie`` (some pairs); None with one GPU or where NVML cannot tell."""
+    kinds = set()
+    for i, first in enumerate(handles):
+        for second in handles[i + 1 :]:
+            status = _maybe(partial(nvml.nvmlDeviceGetP2PStatus, first, second, nvml.NVML_P2P_CAPS_INDEX_NVLINK))
+            if status is not None:
+                kinds.add("nvlink" if status == nvml.NVML_P2P_STATUS_OK else "pcie")
+    return "+".join(sorted(kinds)) or None
+
+
+def _maybe(read: Callable[[], T]) -> T | None:
+    # A missing reading (NotSupported, NoPermission, bindings too old for the call)
+    # leaves that field unknown; the fingerprint itself never fails over one.
+    try:
+        return read()
+    except Exception:
+        return None
 
 
 def visible_devices(nvml: Any) -> list[tuple[int | str, Any]]:
@@ -100,6 +149,7 @@ def machine_fingerprint() -> dict[str, Any]:
         "host": platform.node(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
+        "processor": processor(),
         "python": platform.python_version(),
         "gpus": gpus,
         "gpu_count": len(gpus),
@@ -112,8 +162,9 @@ def machine_fingerprint() -> dict[str, Any]:
 STACK_FIELDS = ("driver", "cuda_driver", "gpu_count")
 
 
-def stack_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Human-readable differences in hardware and software stack."""
+def stack_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Human-readable differences in hardware and software stack. Which processor and cards
+    measured is :mod:`perfsuite.identity`'s; the cards' speed settings are listed here."""
     changes = []
     old_gpu = (recorded.get("gpus") or [{}])[0].get("name")
     new_gpu = (current.get("gpus") or [{}])[0].get("name")
@@ -122,13 +173,16 @@ def stack_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str
     for key in STACK_FIELDS:
         if recorded.get(key) != current.get(key):
             changes.append(f"{key} {recorded.get(key)} -> {current.get(key)}")
+    changes += card_setting_changes(recorded, current)
     for section in ("packages", "runtime"):
         old, new = recorded.get(section) or {}, current.get(section) or {}
         if not old or not new:
             # Not known on one side (runtime comes from a rank 0 that reported:
             # a session whose first launch ran out of memory has none yet).
             continue
-        for name in sorted(set(old) | set(new)):
+        # A runtime fact a newer perfsuite reports (cpu_capability) is no change of stack.
+        names = set(old) | set(new) if section == "packages" else set(old)
+        for name in sorted(names):
             if old.get(name) != new.get(name):
                 changes.append(f"{name} {old.get(name)} -> {new.get(name)}")
     return changes

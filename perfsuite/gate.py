@@ -124,3 +124,5 @@ def summary(terminalreporter: Any, found: Coverage, failing: list[str]) -> None:
                                green=found.ok)  # fmt: skip
     for line in failing:
         terminalreporter.write_line(line, red=True)
+    for line in found.notes():
+        terminalreporter.write_line(line, yellow=True)

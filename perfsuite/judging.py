@@ -5,7 +5,10 @@ verdict came about.
 baseline into a :class:`~perfsuite.compare.Judgement`: a failed launch is an
 error, a changed scenario ``definition_changed``, a throttled or too-spread
 measurement ``unreliable``, and a regression measured under contention
-``unreliable`` too (a busy host, not the stack, is the likely cause). The
+``unreliable`` too (a busy host, not the stack, is the likely cause). A
+baseline from another processor or card is named beside the verdict, and on a
+profile that compares no timings across processors (cpu) a row's timing is not
+judged then: ``other_machine``, its memory still judged. The
 session decides how often to measure (confirmation, contention retries); the
 helpers below word what those extra measurements showed. Pytest side,
 torch-free.
@@ -17,11 +20,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from perfsuite import definition
+from perfsuite import definition, identity
+from perfsuite import metrics as registry
 from perfsuite.baselines import BaselineEntry
 from perfsuite.compare import Judgement, MetricCheck, judge_imbalance, judge_metrics, judge_outcome, resolve_tolerances
 from perfsuite.contention import Quiet, contended
 from perfsuite.fingerprint import stack_changes
+from perfsuite.identity import MachineChange
 from perfsuite.profiles import HardwareProfile
 from perfsuite.results import Measurement
 from perfsuite.stats import ScenarioMetrics
@@ -58,7 +63,30 @@ def judge(
         return Judgement("unreliable", distrust)
     if decided is not None or baseline is None:
         return decided or Judgement("no_baseline", "no baseline recorded")
-    changes = tuple(stack_changes(dict(baseline.fingerprint), fingerprint()))
+    current = fingerprint()
+    machine = identity.compare(baseline.fingerprint, current)
+    judgement = against(scenario, metrics, baseline, profile, compare, machine)
+    # Every verdict against a baseline names the machine that recorded it, when it is another.
+    notes = [f"[{note}]" for note in machine.notes() if note not in judgement.message]
+    message = " ".join([judgement.message, *notes])
+    return Judgement(judgement.verdict, message, judgement.checks, tuple(stack_changes(baseline.fingerprint, current)))
+
+
+def against(
+    scenario: BaseScenario,
+    metrics: ScenarioMetrics,
+    baseline: BaselineEntry,
+    profile: HardwareProfile,
+    compare: Callable[[MetricCheck], MetricCheck],
+    machine: identity.Identity,
+) -> Judgement:
+    """The verdict on trustworthy metrics against their baseline."""
+    tolerances = resolve_tolerances(profile.default_tolerances(scenario.metrics), scenario.tolerances, baseline)
+    unjudged, why = definition.unpicked(scenario.picks(), metrics, baseline.extra.get(definition.PICKS))
+    judged = [name for name in scenario.metrics if name not in unjudged]
+    elsewhere = None if profile.timed_on_other_processor else machine.of("processor")
+    if elsewhere is not None:
+        return judge_elsewhere(scenario, metrics, baseline, tolerances, compare, judged, elsewhere)
     busy = contention_of(metrics, profile)
     primary = metrics.summary(scenario.primary)
     if primary is not None and primary.cv > profile.max_cv:
@@ -68,23 +96,43 @@ def judge(
             "unreliable",
             f"{scenario.primary} varies too much to judge: CV {primary.cv:.1%} over this "
             f"profile's limit {profile.max_cv:.0%} ({cause})",
-            stack_changes=changes,
         )
-    tolerances = resolve_tolerances(profile.default_tolerances(scenario.metrics), scenario.tolerances, baseline)
-    unjudged, why = definition.unpicked(scenario.picks(), metrics, baseline.extra.get(definition.PICKS))
-    judged = [name for name in scenario.metrics if name not in unjudged]
     judgement = judge_metrics(metrics, baseline, tolerances, compare, judged)
     doubt = f"measured under contention ({busy})" if busy else ""
     # A grown step-to-step spread doubts a slower primary metric only: memory does not jitter with the host.
     if not doubt and any(c.metric == scenario.primary and c.outcome == "regression" for c in judgement.checks):
         doubt = spread_grew(scenario, metrics, baseline, profile)
     if judgement.verdict == "regression" and doubt:
-        return Judgement("unreliable", f"{doubt}, so not judged a regression: {judgement.message}",
-                         judgement.checks, changes)  # fmt: skip
+        return Judgement("unreliable", f"{doubt}, so not judged a regression: {judgement.message}", judgement.checks)
     if judgement.verdict != "regression":
         judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
-    message = f"{judgement.message} [{why}]" if why else judgement.message
-    return Judgement(judgement.verdict, message, judgement.checks, changes)
+    return replace(judgement, message=f"{judgement.message} [{why}]") if why else judgement
+
+
+def judge_elsewhere(
+    scenario: BaseScenario,
+    metrics: ScenarioMetrics,
+    baseline: BaselineEntry,
+    tolerances: Mapping[str, float],
+    compare: Callable[[MetricCheck], MetricCheck],
+    judged: list[str],
+    change: MachineChange,
+) -> Judgement:
+    """A baseline from another processor, on a profile that does not compare timings across
+    processors: memory and byte counts are judged, timed metrics are not. ``other_machine``
+    unless the memory regressed; never a regression of speed."""
+    timed = [name for name in judged if registry.get(name).timed]
+    judgement = judge_metrics(metrics, baseline, tolerances, compare, [n for n in judged if n not in timed])
+    timed = [name for name in timed if name in tolerances]  # those a baseline here would have judged
+    note = (
+        f"{', '.join(timed) or 'timing'} not judged, {change.describe()}. Timing measured on another processor "
+        f"is not comparable: record this machine's baselines (pytest -k '{scenario.id}' --perf-update-baselines) "
+        f"or compare with a revision on this machine (python -m perfsuite ab-rev HEAD~1 -k '{scenario.id}')"
+    )
+    if judgement.verdict == "regression":
+        return Judgement("regression", f"{judgement.message} [{note}]", judgement.checks)
+    shown = ", ".join(c.metric for c in judgement.checks) or "nothing else measured here"
+    return Judgement("other_machine", f"{note}. Judged: {shown}: {judgement.message}", judgement.checks)
 
 
 def redefined(scenario: BaseScenario, baseline: BaselineEntry | None) -> Judgement | None:

@@ -127,7 +127,13 @@ class Launches:
         them meanwhile (:mod:`perfsuite.launch.devicelock`); nothing on cpu."""
         if self.settings.profile.device != "cuda":
             return contextlib.nullcontext()
-        return devicelock.hold(self.gpu_labels(), scenario.id, self.settings.device_wait_s, say=_say)
+        settings = self.settings
+        return devicelock.hold(self.gpu_keys(), scenario.id, settings.device_wait_s, _say, settings.lock_dir)
+
+    def gpu_keys(self) -> tuple[str, ...]:
+        """This host's GPUs as their locks name them: the card's UUID, which every container and
+        CUDA_VISIBLE_DEVICES agree on; NVML's label (index) where the fingerprint has no UUID."""
+        return tuple(str(gpu.get("uuid") or gpu["index"]) for gpu in self.fingerprint.get("gpus") or [])
 
     def gpu_labels(self) -> tuple[str, ...]:
         """This host's GPUs as NVML labels them (index, or UUID under CUDA_VISIBLE_DEVICES)."""

@@ -64,6 +64,11 @@ class Metric:
     """Default relative tolerance by device kind (``cpu``, ``cuda``). Without
     one for the profile's device the metric is recorded but not gated, unless
     the profile, scenario or baseline sets a tolerance."""
+    timed: bool = False
+    """Computed from the wall clock (a rate or a duration): it measures the processor or card
+    as much as the code. A profile may leave it unjudged against a baseline recorded on
+    another processor (``HardwareProfile.timed_on_other_processor``); memory and byte
+    counts are judged on any machine."""
     relations: bool = True
     """Relations between scenarios may compare it."""
     imbalance: bool = False
@@ -176,6 +181,7 @@ register(
         across_launches="pool",
         spread=True,
         imbalance=True,
+        timed=True,
         # A shared 2-core machine swings by tens of percent between runs, so the
         # cpu gate only catches large drops; GPUs are far steadier.
         tolerances={"cpu": 0.40, "cuda": 0.05},
@@ -193,6 +199,7 @@ register(
         across_ranks="slowest_step",
         across_launches="pool",
         spread=True,
+        timed=True,
         # Recorded and reported, not gated by default: on the 2-core VM it
         # drifted between runs as much as samples/s did
         # (docs/lab/reference-workload.md), so gating it would add false
@@ -212,6 +219,7 @@ register(
         source="steps",
         across_ranks="slowest_step",
         across_launches="pool",
+        timed=True,
         description="samples/s x sequence length (not gated by default)",
     )
 )
@@ -251,24 +259,24 @@ for _category in ("params", "grads", "optimizer"):
     )
 register(Metric(
     "busbw_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
-    across_launches="pool", spread=True, imbalance=True, tolerances={"cpu": 0.40, "cuda": 0.05},
+    across_launches="pool", spread=True, imbalance=True, timed=True, tolerances={"cpu": 0.40, "cuda": 0.05},
     label="busbw GB/s", description="collective bus bandwidth (nccl-tests): algbw x 2(n-1)/n for all-reduce, (n-1)/n for "
     "all-gather and reduce-scatter; comparable across world sizes",
 ))  # fmt: skip
 register(Metric(
     "algbw_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
-    across_launches="pool", description="collective algorithm bandwidth (nccl-tests): message bytes / time",
+    across_launches="pool", timed=True, description="collective algorithm bandwidth (nccl-tests): message bytes / time",
 ))  # fmt: skip
 # -- hardware ceilings (group microbench) ---------------------------------------------
 register(Metric(
     "tflops", "TFLOP/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
-    across_launches="pool", spread=True, imbalance=True, tolerances={"cpu": 0.40, "cuda": 0.05},
+    across_launches="pool", spread=True, imbalance=True, timed=True, tolerances={"cpu": 0.40, "cuda": 0.05},
     label="TFLOP/s", description="achieved TFLOP/s of a compute microbenchmark; the scenario's config names how FLOPs were "
     "counted (flops_formula)",
 ))  # fmt: skip
 register(Metric(
     "mem_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
-    across_launches="pool", spread=True, imbalance=True, tolerances={"cpu": 0.40, "cuda": 0.05},
+    across_launches="pool", spread=True, imbalance=True, timed=True, tolerances={"cpu": 0.40, "cuda": 0.05},
     label="mem GB/s", description="device memory bandwidth: bytes read plus bytes written per second (1 GB = 1e9 bytes)",
 ))  # fmt: skip
 # -- the Hugging Face Trainer's own figures (group trainer_sweep) -----------------------
@@ -281,5 +289,6 @@ for _name, _unit, _direction, _reduce, _what in (
 ):
     register(Metric(
         _name, _unit, _direction, noisy=True, across_ranks=_reduce, across_launches="mean",  # type: ignore[arg-type]
+        timed=True,
         description=f"{_what}; recorded and usable in relations, not gated by default",
     ))  # fmt: skip

@@ -93,6 +93,13 @@ def add_options(parser: pytest.Parser) -> None:
         "then fails naming that run (default 600)",
     )
     group.addoption(
+        "--perf-lock-dir",
+        metavar="DIR",
+        help="folder of the per-GPU locks (one file per card UUID) that keep two runs off one GPU; "
+        "containers on one host share it by mounting one host folder there "
+        "(ini: perf_lock_dir; default: $PERFSUITE_LOCK_DIR, else /tmp/perfsuite-locks)",
+    )
+    group.addoption(
         "--perf-launcher",
         choices=("local", "torchrun", "slurm"),
         default="local",
@@ -155,6 +162,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("perf_gpu_hour_price", "price of one GPU-hour (see --perf-gpu-hour-price)", default="")
     parser.addini("perf_currency", "currency of perf_gpu_hour_price", default="")
     parser.addini("perf_job", "SAMPLES[xEPOCHS] job to estimate (see --perf-job)", default="")
+    parser.addini("perf_lock_dir", "folder of the per-GPU locks (see --perf-lock-dir)", default="")
 
 
 def check_options(config: pytest.Config, reads_baselines: bool = True) -> None:
@@ -247,6 +255,12 @@ def envs(config: pytest.Config) -> dict[str, PythonEnv]:
         return parse_envs(config.getoption("--perf-env"))
     except EnvError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def lock_dir(config: pytest.Config) -> Path | None:
+    """The GPU locks' folder: ``--perf-lock-dir``, else the ini's; None leaves it to the environment."""
+    given = config.getoption("--perf-lock-dir") or config.getini("perf_lock_dir")
+    return Path(given) if given else None
 
 
 def artifacts_dir(config: pytest.Config) -> Path:

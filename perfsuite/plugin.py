@@ -127,6 +127,7 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             accept_oom=frozenset(config.getoption("--perf-accept-oom")),
             envs=envs,
             device_wait_s=config.getoption("--perf-device-wait"),
+            lock_dir=options.lock_dir(config),
             op_profiles=config.getoption("--perf-op-profiles"),
             artifacts_dir=options.artifacts_dir(config),
             **gate.contention_settings(config),

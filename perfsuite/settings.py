@@ -38,6 +38,7 @@ class RunSettings:
     accept_oom: frozenset[str] = frozenset()  # scenario ids whose OOM may be recorded as expected
     envs: Mapping[str, PythonEnv] = field(default_factory=lambda: parse_envs([]))  # named interpreters
     device_wait_s: float = 600.0  # how long a launch waits for GPUs another run holds
+    lock_dir: Path | None = None  # the GPU locks' folder (None: PERFSUITE_LOCK_DIR or /tmp/perfsuite-locks)
     contention_retries: int = 2  # fresh measurements after a contended one, each after the host went quiet
     contention_wait_s: float = 60.0  # longest wait for a quiet host, per scenario
     contention_budget_s: float = 300.0  # longest waiting in all, per session

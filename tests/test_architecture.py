@@ -42,6 +42,7 @@ PYTEST_SIDE = (
     "perfsuite.stats",
     "perfsuite.hookspecs",
     "perfsuite.fingerprint",
+    "perfsuite.identity",
     "perfsuite.launch",
     "perfsuite.flops",
     "perfsuite.__main__",

@@ -61,6 +61,23 @@ def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester)
     doctored.assert_outcomes(failed=1)
     doctored.stdout.fnmatch_lines(["*tiny.fp32: regression: samples_per_s*vs baseline*higher is better*"])
 
+    # The same 100x baseline recorded on another processor: its timing is not comparable here, and
+    # the run stays green; memory is judged, and the message names both processors.
+    here = doc["scenarios"]["tiny.fp32"]["fingerprint"]["processor"]
+    other = {**here, "model": "Intel(R) Xeon(R) Platinum 8481C", "vendor": "GenuineIntel", "features": ["amx_bf16"]}
+    doc["scenarios"]["tiny.fp32"]["fingerprint"]["processor"] = other
+    path.write_text(json.dumps(doc))
+    elsewhere = run(project, f"--perf-json={project.path / 'e.json'}")
+    elsewhere.assert_outcomes(passed=1)
+    elsewhere.stdout.fnmatch_lines([r"tiny.fp32*other_machine", "*perfsuite coverage: judged 1 of 1 selected scenario(s);"
+                                    " timing not judged, baseline from another processor: 1*"])  # fmt: skip
+    (result,) = json.loads((project.path / "e.json").read_text())["results"]
+    assert "Platinum 8481C" in result["message"] and here["model"] in result["message"]
+    assert [c["metric"] for c in result["checks"]] == ["peak_mem_mib", "model_state_bytes_per_rank"]
+    assert elsewhere.ret == pytest.ExitCode.OK
+    doc["scenarios"]["tiny.fp32"]["fingerprint"]["processor"] = here
+    path.write_text(json.dumps(doc))
+
     # Quarantined, it still runs and is reported, but does not gate; a run that judged nothing else still fails.
     (path.parent / "quarantine.toml").write_text(
         '[[scenario]]\nid = "tiny.fp32"\nreason = "doctored"\nowner = "ci"\nexpires = 2099-01-01\n'

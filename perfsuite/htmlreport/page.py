@@ -11,9 +11,11 @@ from typing import Any
 
 import jinja2
 
+from perfsuite import processor as processors
 from perfsuite.files import atomic_write_text
 from perfsuite.htmlreport import efficiency, plots, summary
 from perfsuite.htmlreport import results as res
+from perfsuite.identity import describe_card
 from perfsuite.opprofile import TABLE_COLUMNS
 
 TEMPLATE = "page.html.j2"
@@ -59,9 +61,11 @@ def write(path: Path, page: str) -> None:
 
 
 def _machine(machine: Mapping[str, Any]) -> list[tuple[str, str]]:
-    gpus = ", ".join(str(g.get("name", "?")) for g in machine.get("gpus") or [] if isinstance(g, Mapping))
+    gpus = ", ".join(describe_card(g) for g in machine.get("gpus") or [] if isinstance(g, Mapping))
     packages = ", ".join(f"{k} {v}" for k, v in (machine.get("packages") or {}).items())
-    facts = [("host", machine.get("host")), ("cpu", machine.get("cpu")), ("cpus", machine.get("cpu_count")),
+    proc = machine.get("processor")
+    cpu = processors.describe(proc) if isinstance(proc, Mapping) else machine.get("cpu")
+    facts = [("host", machine.get("host")), ("cpu", cpu), ("cpus", machine.get("cpu_count")),
              ("gpus", gpus or "none"), ("python", machine.get("python")), ("packages", packages)]  # fmt: skip
     return [(k, str(v)) for k, v in facts if v not in (None, "")]
 

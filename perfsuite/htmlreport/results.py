@@ -24,6 +24,7 @@ VERDICT_STYLE: Mapping[str, str] = {
     **dict.fromkeys(FAILING, "bad"),
     "unreliable": "warn",
     "no_baseline": "warn",
+    "other_machine": "muted",
     "skipped": "muted",
 }
 

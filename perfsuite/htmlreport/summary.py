@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfsuite import metrics as registry
+from perfsuite import processor as processors
 from perfsuite.explain import Explanation
 from perfsuite.htmlreport import results as res
+from perfsuite.identity import describe_card
 from perfsuite.opprofile import TABLE_COLUMNS
 from perfsuite.workloads.base import ran_otherwise
 
@@ -134,9 +136,11 @@ def markdown(document: Mapping[str, Any]) -> str:
         lines += _table(TABLE_COLUMNS, [(f"`{r[0]}`", *r[1:]) for r in why.rows]) if why.rows else []
         lines += ["", f"Trace: `{why.trace}` (open it in https://ui.perfetto.dev)"] if why.trace else []
     machine = document.get("machine") or {}
-    gpus = ", ".join(str(g.get("name", g)) if isinstance(g, Mapping) else str(g) for g in machine.get("gpus") or [])
+    gpus = ", ".join(describe_card(g) if isinstance(g, Mapping) else str(g) for g in machine.get("gpus") or [])
     packages = ", ".join(f"{k} {v}" for k, v in (machine.get("packages") or {}).items())
-    lines += ["", f"Machine: {machine.get('host', '?')}, {gpus or machine.get('cpu', 'cpu')}; {packages}"]
+    proc = machine.get("processor")
+    cpu = processors.describe(proc) if isinstance(proc, Mapping) else machine.get("cpu", "cpu")
+    lines += ["", f"Machine: {machine.get('host', '?')}, {gpus or cpu}; {packages}"]
     return "\n".join(lines) + "\n"
 
 

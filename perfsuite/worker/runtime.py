@@ -93,8 +93,13 @@ def apply_cuda_memory_cap(device: torch.device, cap_mib: int) -> None:
 
 
 def runtime_fingerprint() -> dict[str, Any]:
-    """What only a live torch knows: its CUDA/NCCL/cuDNN builds."""
-    info: dict[str, Any] = {"torch": torch.__version__, "torch_cuda": torch.version.cuda}
+    """What only a live torch knows: its CUDA/NCCL/cuDNN builds, and the instruction set its
+    CPU kernels dispatch to on this node (``AVX2``, ``AVX512``, ...: ATen's own choice)."""
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
     if torch.cuda.is_available():
         info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         info["cudnn"] = torch.backends.cudnn.version()

@@ -10,6 +10,11 @@ Other knobs, read at each call:
 * ``FAKE_NVML_OLD_API=1``: only the deprecated ``...ClocksThrottleReasons`` exists;
 * ``FAKE_NVML_PROCS``: ``pid:bytes,...`` compute processes on every device;
 * ``FAKE_NVML_FAIL``: a function name that raises NVMLError.
+* ``FAKE_NVML_UUIDS``: the cards' UUIDs by index, separated by ``;`` (default
+  ``GPU-00000000-0000-0000-0000-<index>``): another set of physical cards;
+* ``FAKE_NVML_POWER_LIMIT_W``: the enforced power limit (default 700);
+* ``FAKE_NVML_NVLINK=0``: the cards reach each other over PCIe only (default:
+  18 NVLinks each, every pair over NVLink, as on an H100 SXM node).
 """
 
 from __future__ import annotations
@@ -21,6 +26,12 @@ from dataclasses import dataclass
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
 NVML_TEMPERATURE_GPU = 0
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
+NVML_NVLINK_MAX_LINKS = 36
+NVML_P2P_CAPS_INDEX_NVLINK = 2
+NVML_P2P_STATUS_OK = 0
+NVML_P2P_STATUS_NOT_SUPPORTED = 5
 
 
 class NVMLError(Exception):
@@ -71,7 +82,37 @@ def nvmlDeviceGetName(handle: _Handle) -> str:
 
 
 def nvmlDeviceGetUUID(handle: _Handle) -> str:
-    return f"GPU-00000000-0000-0000-0000-{handle.index:012d}"
+    listed = [uuid for uuid in os.environ.get("FAKE_NVML_UUIDS", "").split(";") if uuid]
+    return listed[handle.index] if handle.index < len(listed) else f"GPU-00000000-0000-0000-0000-{handle.index:012d}"
+
+
+def nvmlDeviceGetSerial(handle: _Handle) -> str:
+    _check("nvmlDeviceGetSerial")
+    return "1650" + nvmlDeviceGetUUID(handle)[-9:]  # a board serial: 13 digits
+
+
+def nvmlDeviceGetApplicationsClock(handle: _Handle, clock: int) -> int:
+    _check("nvmlDeviceGetApplicationsClock")
+    return {NVML_CLOCK_SM: 1980, NVML_CLOCK_MEM: 2619}[clock]
+
+
+def nvmlDeviceGetEccMode(handle: _Handle) -> list[int]:
+    _check("nvmlDeviceGetEccMode")
+    return [NVML_FEATURE_ENABLED, NVML_FEATURE_ENABLED]  # current, pending
+
+
+def nvmlDeviceGetNvLinkState(handle: _Handle, link: int) -> int:
+    if os.environ.get("FAKE_NVML_NVLINK") == "0":
+        raise NVMLError("Not Supported")
+    if link >= 18:
+        raise NVMLError("Invalid Argument")
+    return NVML_FEATURE_ENABLED
+
+
+def nvmlDeviceGetP2PStatus(first: _Handle, second: _Handle, index: int) -> int:
+    _check("nvmlDeviceGetP2PStatus")
+    nvlink = os.environ.get("FAKE_NVML_NVLINK") != "0"
+    return NVML_P2P_STATUS_OK if nvlink or index != NVML_P2P_CAPS_INDEX_NVLINK else NVML_P2P_STATUS_NOT_SUPPORTED
 
 
 def nvmlDeviceGetMemoryInfo(handle: _Handle) -> _Memory:
@@ -110,7 +151,8 @@ def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
 
 def nvmlDeviceGetEnforcedPowerLimit(handle: _Handle) -> int:
     _check("nvmlDeviceGetEnforcedPowerLimit")
-    return 700_000  # milliwatts: an H100/H200 SXM's 700 W
+    # Milliwatts: an H100/H200 SXM's 700 W unless a test sets another cap.
+    return int(os.environ.get("FAKE_NVML_POWER_LIMIT_W", "700")) * 1000
 
 
 def nvmlDeviceGetTemperature(handle: _Handle, sensor: int) -> int:
