@@ -27,6 +27,8 @@ from perfsuite.compare import FAILING
 
 #: Verdicts that pass the gate but leave a scenario unjudged.
 UNJUDGED = frozenset({"unreliable", "no_baseline"})
+#: Verdicts that pass having judged only part of a scenario (its timing came from another processor).
+PARTLY_JUDGED = frozenset({"other_machine"})
 
 
 @pytest.hookimpl(optionalhook=True)  # a session with `-p no:perfsuite` has no such hook
@@ -46,7 +48,9 @@ def workflow_commands(document: Mapping[str, Any]) -> Iterator[str]:
     """GitHub workflow commands for the results document's failures and unjudged scenarios."""
     profile = document.get("profile", "?")
     for result in document.get("results", []):
-        level = "error" if result["verdict"] in FAILING else "warning" if result["verdict"] in UNJUDGED else None
+        verdict = result["verdict"]
+        level = "error" if verdict in FAILING else "warning" if verdict in UNJUDGED else None
+        level = level or ("notice" if verdict in PARTLY_JUDGED else None)
         if level is not None:
             title = f"perfsuite {profile}: {result['id']} {result['verdict']}"
             yield f"::{level} title={_property(title)}::{_data(str(result.get('message', '')))}"

@@ -164,6 +164,13 @@ def trial_verdicts(path: Path, cmd: list[str], code: int) -> list[str]:
     if code not in (0, 1) or not path.exists():
         raise SystemExit(f"perfsuite selftest: pytest exited {code} (not pass/fail): {' '.join(cmd)}")
     results = json.loads(path.read_text())["results"]
+    elsewhere = [r["id"] for r in results if r["verdict"] == "other_machine"]
+    if elsewhere:  # every trial would read "failed 0/N" as if the gate caught nothing
+        raise SystemExit(
+            f"perfsuite selftest: the baselines of {', '.join(elsewhere)} were recorded on another processor, so "
+            "this machine's timing is not judged against them and no planted slowdown can fail; record this "
+            "machine's first (python -m perfsuite bootstrap, or pytest ... --perf-update-baselines)"
+        )
     measured = [r for r in results if r["status"] == "ok"]
     if not measured:
         why = "; ".join(f"{r['id']}: {r['verdict']}: {r['message']}" for r in results) or "no scenario selected"

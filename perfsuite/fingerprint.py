@@ -68,9 +68,10 @@ def _nvml_gpus() -> tuple[list[dict[str, Any]], dict[str, Any]]:
 def card(nvml: Any, index: int | str, handle: Any) -> dict[str, Any]:
     """One GPU as a baseline remembers it: which card (UUID, serial) and the settings that
     bound its speed (enforced power limit, application clocks, ECC, active NVLinks). A
-    reading the card or driver refuses (a serial on a consumer card, clocks under MIG) is None."""
+    reading the card, driver or bindings refuse (a serial on a consumer card, clocks under
+    MIG, a call older bindings lack) is None."""
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-    ecc = _maybe(lambda: nvml.nvmlDeviceGetEccMode(handle)[0])
+    ecc = _maybe(lambda: nvml.nvmlDeviceGetEccMode(handle)[0] == nvml.NVML_FEATURE_ENABLED)
     return {
         "index": index,
         "name": _text(nvml.nvmlDeviceGetName(handle)),
@@ -82,27 +83,36 @@ def card(nvml: Any, index: int | str, handle: Any) -> dict[str, Any]:
             "sm": _maybe(lambda: int(nvml.nvmlDeviceGetApplicationsClock(handle, nvml.NVML_CLOCK_SM))),
             "mem": _maybe(lambda: int(nvml.nvmlDeviceGetApplicationsClock(handle, nvml.NVML_CLOCK_MEM))),
         },
-        "ecc": None if ecc is None else ecc == nvml.NVML_FEATURE_ENABLED,
+        "ecc": ecc,
         "nvlinks": _active_nvlinks(nvml, handle),
     }
 
 
 def _active_nvlinks(nvml: Any, handle: Any) -> int | None:
     """NVLinks up on one card; None where NVML cannot tell (no NVLink on the card: NotSupported)."""
-    links = [_maybe(partial(nvml.nvmlDeviceGetNvLinkState, handle, link)) for link in range(nvml.NVML_NVLINK_MAX_LINKS)]
+
+    def up(link: int) -> bool:
+        return bool(nvml.nvmlDeviceGetNvLinkState(handle, link) == nvml.NVML_FEATURE_ENABLED)
+
+    links = [_maybe(partial(up, link)) for link in range(_maybe(lambda: nvml.NVML_NVLINK_MAX_LINKS) or 0)]
     known = [state for state in links if state is not None]
-    return sum(state == nvml.NVML_FEATURE_ENABLED for state in known) if known else None
+    return sum(known) if known else None
 
 
 def interconnect(nvml: Any, handles: list[Any]) -> str | None:
     """How the visible GPUs reach each other: ``nvlink`` (every pair), ``pcie`` (none),
     ``nvlink+pcie`` (some pairs); None with one GPU or where NVML cannot tell."""
+
+    def nvlink(first: Any, second: Any) -> bool:
+        status = nvml.nvmlDeviceGetP2PStatus(first, second, nvml.NVML_P2P_CAPS_INDEX_NVLINK)
+        return bool(status == nvml.NVML_P2P_STATUS_OK)
+
     kinds = set()
     for i, first in enumerate(handles):
         for second in handles[i + 1 :]:
-            status = _maybe(partial(nvml.nvmlDeviceGetP2PStatus, first, second, nvml.NVML_P2P_CAPS_INDEX_NVLINK))
-            if status is not None:
-                kinds.add("nvlink" if status == nvml.NVML_P2P_STATUS_OK else "pcie")
+            linked = _maybe(partial(nvlink, first, second))
+            if linked is not None:
+                kinds.add("nvlink" if linked else "pcie")
     return "+".join(sorted(kinds)) or None
 
 
@@ -158,6 +168,9 @@ def machine_fingerprint() -> dict[str, Any]:
     }
 
 
+#: Runtime facts the ranks report since a later perfsuite version (worker.runtime): absent
+#: from older baselines, so their appearance alone is no change of stack.
+NEW_RUNTIME_FACTS = ("cpu_capability",)
 #: Fingerprint fields whose change means the stack, not the code, may have moved.
 STACK_FIELDS = ("driver", "cuda_driver", "gpu_count")
 
@@ -180,8 +193,8 @@ def stack_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> li
             # Not known on one side (runtime comes from a rank 0 that reported:
             # a session whose first launch ran out of memory has none yet).
             continue
-        # A runtime fact a newer perfsuite reports (cpu_capability) is no change of stack.
-        names = set(old) | set(new) if section == "packages" else set(old)
+        # A runtime fact this perfsuite reports and an older one did not is no change of stack.
+        names = (set(old) | set(new)) - (set(NEW_RUNTIME_FACTS) - set(old) if section == "runtime" else set())
         for name in sorted(names):
             if old.get(name) != new.get(name):
                 changes.append(f"{name} {old.get(name)} -> {new.get(name)}")

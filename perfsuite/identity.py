@@ -64,30 +64,47 @@ def compare(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> Identity
         unknown.append(("the processor", "processor"))
     elif isinstance(new_cpu, Mapping) and _key(old_cpu) != _key(new_cpu):
         changes.append(MachineChange("processor", processors.describe(old_cpu), processors.describe(new_cpu)))
-    old_gpus, new_gpus = _cards(recorded), _cards(current)
-    if new_gpus and not any(g.get("uuid") for g in old_gpus):
-        unknown.append(("the cards' UUIDs", "card"))
-    else:
-        changed = [
-            (i, a, b)
-            for i, (a, b) in enumerate(zip(old_gpus, new_gpus, strict=False))
-            if a.get("uuid") != b.get("uuid")
-        ]
-        if changed:
-            changes.append(MachineChange("card", _cards_text(changed, 1), _cards_text(changed, 2)))
+    card, unknown_cards = _card_change(_cards(recorded), _cards(current))
+    changes += [card] if card is not None else []
+    unknown += [("the cards' UUIDs", "card")] if unknown_cards else []
     if not unknown:
         return Identity(tuple(changes))
     what, part = " and ".join(u[0] for u in unknown), " or ".join(u[1] for u in unknown)
     return Identity(tuple(changes), UNKNOWN.format(what=what, part=part))
 
 
+def times_here(recorded: Mapping[str, Any], current: Mapping[str, Any], across_processors: bool) -> bool:
+    """Whether a baseline recorded on ``recorded`` can judge this machine's timing: always where the
+    profile compares timings across processors, else only on the processor that recorded it."""
+    return across_processors or compare(recorded, current).of("processor") is None
+
+
+def _card_change(old: list[Mapping[str, Any]], new: list[Mapping[str, Any]]) -> tuple[MachineChange | None, bool]:
+    """The cards this run measured on that its baseline's did not (by UUID, whatever their index or
+    order), and whether the baseline's cards are unknown (recorded before UUIDs were kept)."""
+    if not old or not new:
+        return None, False  # a baseline without GPUs, or a run without: the GPU count says so
+    if not any(g.get("uuid") for g in old):
+        return None, True
+    before, now = {g.get("uuid") for g in old}, {g.get("uuid") for g in new}
+    added = [g for g in new if g.get("uuid") and g["uuid"] not in before]
+    if not added:
+        return None, False
+    gone = [g for g in old if g.get("uuid") not in now]
+    return MachineChange("card", _cards_text(gone) or "-", _cards_text(added)), False
+
+
 def card_setting_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """Settings that bound the cards' speed and moved since the baseline (named beside a verdict)."""
+    """Settings that bound the cards' speed and moved since the baseline (named beside a verdict):
+    each card against the same card (by UUID) in the baseline, or the card at its position there."""
     found = []
-    for index, (old, new) in enumerate(zip(_cards(recorded), _cards(current), strict=False)):
+    old_cards = _cards(recorded)
+    by_uuid = {g["uuid"]: g for g in old_cards if g.get("uuid")}
+    for position, new in enumerate(_cards(current)):
+        old = by_uuid.get(new.get("uuid")) or (old_cards[position] if position < len(old_cards) else {})
         for name in CARD_SETTINGS:
             if name in old and old.get(name) != new.get(name):
-                found.append(f"GPU {index} {name} {old.get(name)} -> {new.get(name)}")
+                found.append(f"GPU {new.get('index', position)} {name} {old.get(name)} -> {new.get(name)}")
     if "interconnect" in recorded and recorded.get("interconnect") != current.get("interconnect"):
         found.append(f"interconnect {recorded.get('interconnect')} -> {current.get('interconnect')}")
     return found
@@ -101,9 +118,8 @@ def _cards(fingerprint: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [g for g in fingerprint.get("gpus") or [] if isinstance(g, Mapping)]
 
 
-def _cards_text(changed: Sequence[tuple[int, Mapping[str, Any], Mapping[str, Any]]], side: Literal[1, 2]) -> str:
-    """The changed cards of one side (1: the baseline's, 2: this run's)."""
-    return ", ".join(f"GPU {change[0]} {describe_card(change[side])}" for change in changed)
+def _cards_text(cards: Sequence[Mapping[str, Any]]) -> str:
+    return ", ".join(f"GPU {g.get('index', '?')} {describe_card(g)}" for g in cards)
 
 
 def describe_card(gpu: Mapping[str, Any]) -> str:

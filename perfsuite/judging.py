@@ -86,7 +86,8 @@ def against(
     judged = [name for name in scenario.metrics if name not in unjudged]
     elsewhere = None if profile.timed_on_other_processor else machine.of("processor")
     if elsewhere is not None:
-        return judge_elsewhere(scenario, metrics, baseline, tolerances, compare, judged, elsewhere)
+        judgement = judge_elsewhere(scenario, metrics, baseline, tolerances, compare, judged, elsewhere)
+        return replace(judgement, message=f"{judgement.message} [{why}]") if why else judgement
     busy = contention_of(metrics, profile)
     primary = metrics.summary(scenario.primary)
     if primary is not None and primary.cv > profile.max_cv:
@@ -124,15 +125,21 @@ def judge_elsewhere(
     timed = [name for name in judged if registry.get(name).timed]
     judgement = judge_metrics(metrics, baseline, tolerances, compare, [n for n in judged if n not in timed])
     timed = [name for name in timed if name in tolerances]  # those a baseline here would have judged
-    note = (
-        f"{', '.join(timed) or 'timing'} not judged, {change.describe()}. Timing measured on another processor "
-        f"is not comparable: record this machine's baselines (pytest -k '{scenario.id}' --perf-update-baselines) "
-        f"or compare with a revision on this machine (python -m perfsuite ab-rev HEAD~1 -k '{scenario.id}')"
-    )
-    if judgement.verdict == "regression":
-        return Judgement("regression", f"{judgement.message} [{note}]", judgement.checks)
+    unjudged = f"{', '.join(timed) or 'timing'} not judged, {change.describe()}"
+    if judgement.verdict == "regression":  # memory grew: no advice to re-record, which would accept it
+        return Judgement("regression", f"{judgement.message} [{unjudged}]", judgement.checks)
+    # A straggler rank is this run's own imbalance, whichever machine recorded the baseline.
+    straggler = judge_imbalance(metrics, scenario.max_imbalance)
+    if straggler is not None:
+        return replace(straggler, message=f"{straggler.message} [{unjudged}]", checks=judgement.checks)
     shown = ", ".join(c.metric for c in judgement.checks) or "nothing else measured here"
-    return Judgement("other_machine", f"{note}. Judged: {shown}: {judgement.message}", judgement.checks)
+    return Judgement(
+        "other_machine",
+        f"{unjudged}. Timing measured on another processor is not comparable: record this machine's baselines "
+        f"(pytest -k '{scenario.id}' --perf-update-baselines) or compare with a revision on this machine "
+        f"(python -m perfsuite ab-rev HEAD~1 -k '{scenario.id}'). Judged: {shown}: {judgement.message}",
+        judgement.checks,
+    )
 
 
 def redefined(scenario: BaseScenario, baseline: BaselineEntry | None) -> Judgement | None:

@@ -258,9 +258,12 @@ def envs(config: pytest.Config) -> dict[str, PythonEnv]:
 
 
 def lock_dir(config: pytest.Config) -> Path | None:
-    """The GPU locks' folder: ``--perf-lock-dir``, else the ini's; None leaves it to the environment."""
-    given = config.getoption("--perf-lock-dir") or config.getini("perf_lock_dir")
-    return Path(given) if given else None
+    """The GPU locks' folder: ``--perf-lock-dir``, else the ini's (relative to the rootdir); None
+    leaves it to the environment."""
+    if config.getoption("--perf-lock-dir"):
+        return Path(config.getoption("--perf-lock-dir"))
+    given = config.getini("perf_lock_dir")
+    return config.rootpath / given if given else None
 
 
 def artifacts_dir(config: pytest.Config) -> Path:

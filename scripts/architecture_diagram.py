@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "design" / "architecture.md"
 #: Top-level modules and packages whose declarations both sides use: one box.
-SHARED = ("engines", "files", "layout", "metrics", "models", "nvmlcodes", "profiles", "protocol", "relations",
+SHARED = ("engines", "files", "layout", "metrics", "models", "nvmlcodes", "processor", "profiles", "protocol", "relations",
           "validation", "workloads")  # fmt: skip
 #: Rank-side nodes besides whole packages.
 RANK_NODES = {"models.build": "modelbuild", "models.hf": "modelbuild", "models.megatron_gpt": "modelbuild"}

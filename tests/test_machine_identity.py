@@ -4,6 +4,7 @@ across processors while memory is, and GPU locks keyed by card UUID."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -168,8 +169,8 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     spec = importlib.util.spec_from_file_location("pynvml", FAKE_NVML / "pynvml.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "pynvml", module)  # before running it: its dataclasses look themselves up there
     spec.loader.exec_module(module)
-    monkeypatch.setitem(sys.modules, "pynvml", module)
     monkeypatch.setenv("FAKE_NVML_GPUS", "NVIDIA H100 80GB HBM3;NVIDIA H100 80GB HBM3")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     yield
@@ -266,3 +267,80 @@ def test_the_lock_folder_comes_from_the_option_then_the_ini(pytester: pytest.Pyt
     assert options.lock_dir(pytester.parseconfig("--perf-lock-dir", "/var/lock/perfsuite")) == Path(
         "/var/lock/perfsuite"
     )
+
+
+def test_another_processor_under_a_gpu_profile_is_judged_and_named(tmp_path: Path, here: dict[str, Any]) -> None:
+    gpu_like = dataclasses.replace(CPU, name="gpu-like", timed_on_other_processor=True)
+    judged(tmp_path, here, [STEADY], update_baselines=True, profile=gpu_like)
+    doctor(tmp_path, profile="gpu-like", processor=read(tmp_path, SAPPHIRE_RAPIDS), speed=2.0)
+    result = judged(tmp_path, here, [STEADY], confirm=0, profile=gpu_like)
+    assert result.verdict == "regression" and "samples_per_s" in result.judgement.message
+    assert "recorded on another processor: Intel(R) Xeon(R) Platinum 8481C" in result.judgement.message
+
+
+def test_a_straggler_rank_is_judged_whichever_processor_recorded_the_baseline(
+    tmp_path: Path, here: dict[str, Any]
+) -> None:
+    judged(tmp_path, here, [STEADY], update_baselines=True)
+    doctor(tmp_path, processor=read(tmp_path, SAPPHIRE_RAPIDS))
+    lopsided = dataclasses.replace(SCENARIO, max_imbalance={"peak_mem_mib": 1.5})
+    launcher = FakeLauncher([STEADY], peaks=(60.0, 100.0))  # no rank over the baseline's 100 MiB, 1.67x apart
+    settings = RunSettings(profile=CPU, baselines_dir=tmp_path / "baselines", workdir=tmp_path, confirm=0)
+    result = PerfSession(settings, here, launcher).run(lopsided)
+    assert result.verdict == "imbalance" and "peak_mem_mib max/min across ranks 1.67" in result.judgement.message
+    assert "samples_per_s not judged, recorded on another processor" in result.judgement.message
+
+
+def test_cards_are_matched_by_uuid_and_an_old_baseline_says_their_identity_is_unknown(
+    fake_nvml: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfsuite import identity
+
+    monkeypatch.setenv("FAKE_NVML_UUIDS", CARDS_A)
+    recorded = machine_fingerprint()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")  # the same two cards, in the other order
+    reordered = machine_fingerprint()
+    assert identity.compare(recorded, reordered).changes == ()
+    assert identity.card_setting_changes(recorded, reordered) == []
+    old = {**recorded, "gpus": [{k: v for k, v in g.items() if k != "uuid"} for g in recorded["gpus"]]}
+    unknown = identity.compare(old, reordered).unknown
+    assert "the cards' UUIDs" in unknown and "the processor" not in unknown
+    without_gpus = {**recorded, "gpus": []}  # e.g. --perf-profile=cpu on a GPU host: nothing to say of cards
+    assert identity.compare(without_gpus, reordered) == identity.Identity()
+
+
+def test_a_mig_uuid_names_a_lock_file(tmp_path: Path) -> None:
+    path = devicelock.lock_path("MIG-GPU-5f3c0e1a-0000-0000-0000-00000000000a/1/0", tmp_path)
+    assert path.parent == tmp_path and path.name == "gpu-MIG-GPU-5f3c0e1a-0000-0000-0000-00000000000a_1_0.lock"
+
+
+def test_selftest_refuses_baselines_from_another_processor(tmp_path: Path) -> None:
+    from perfsuite.__main__ import trial_verdicts
+
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps({"results": [{"id": "a.b", "status": "ok", "verdict": "other_machine", "message": ""}]}))
+    with pytest.raises(SystemExit, match=r"a\.b were recorded on another processor"):
+        trial_verdicts(out, ["pytest"], 0)
+
+
+def test_bootstrap_records_again_what_another_processor_recorded(tmp_path: Path, here: dict[str, Any]) -> None:
+    from perfsuite.baselines import BaselineStore
+    from perfsuite.bootstrap.plan import Target
+    from perfsuite.bootstrap.run import usable
+    from perfsuite.bootstrap.state import done_in
+
+    judged(tmp_path, here, [STEADY], update_baselines=True)
+    targets = [Target(SCENARIO.id, "g", "nodeid", "train", 2, "shape")]
+    store = BaselineStore(tmp_path / "baselines", "cpu")
+    assert done_in(store, targets, 1, usable(here, CPU)).baselines == {SCENARIO.id}
+    doctor(tmp_path, processor=read(tmp_path, SAPPHIRE_RAPIDS))
+    store = BaselineStore(tmp_path / "baselines", "cpu")
+    assert done_in(store, targets, 1, usable(here, CPU)).baselines == set()
+    gpu_like = dataclasses.replace(CPU, timed_on_other_processor=True)
+    assert done_in(store, targets, 1, usable(here, gpu_like)).baselines == {SCENARIO.id}
+
+
+def test_the_lock_folder_option_reaches_the_session(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_folder(perf_session):\n    print('LOCKS', perf_session.settings.lock_dir)\n")
+    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--perf-lock-dir", "/mnt/host-locks")
+    result.stdout.fnmatch_lines(["*LOCKS /mnt/host-locks*"])

@@ -137,6 +137,7 @@ def test_root_conftest_annotates_failures_for_github() -> None:
             {"id": "mp.amp", "verdict": "regression", "message": "samples_per_s 50 vs 100: -50%\nsecond line"},
             {"id": "mp.big", "verdict": "no_baseline", "message": "no baseline in baselines/cpu/mp.json"},
             {"id": "mp.oom", "verdict": "expected_oom", "message": "ran out of memory as expected"},
+            {"id": "mp.fast", "verdict": "other_machine", "message": "samples_per_s not judged, recorded on ..."},
         ],
         "relations": [
             {"id": "mp.samples_per_s:amp>fp32", "status": "violated", "message": "50 > 80 is false"},
@@ -146,6 +147,7 @@ def test_root_conftest_annotates_failures_for_github() -> None:
     assert list(root_conftest().workflow_commands(document)) == [
         "::error title=perfsuite cpu%3A mp.amp regression::samples_per_s 50 vs 100: -50%25%0Asecond line",
         "::warning title=perfsuite cpu%3A mp.big no_baseline::no baseline in baselines/cpu/mp.json",
+        "::notice title=perfsuite cpu%3A mp.fast other_machine::samples_per_s not judged, recorded on ...",
         "::error title=perfsuite cpu%3A relation mp.samples_per_s%3Aamp>fp32 violated::50 > 80 is false",
     ]
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from perfsuite.baselines import BaselineStore
+from perfsuite import identity
+from perfsuite.baselines import BaselineEntry, BaselineStore
 from perfsuite.bootstrap import report
 from perfsuite.bootstrap.costs import FILENAME, Costs
 from perfsuite.bootstrap.plan import START_MARGIN, Done, Plan, Settings, Step, fits, make_plan, targets_for
@@ -90,10 +91,15 @@ def _machine(options: Options) -> tuple[dict[str, Any], HardwareProfile, list[An
     return fingerprint, profile, scenarios
 
 
+def usable(fingerprint: dict[str, Any], profile: HardwareProfile) -> Callable[[BaselineEntry], bool]:
+    """Which stored baselines count as this machine's (identity.times_here)."""
+    return lambda entry: identity.times_here(entry.fingerprint, fingerprint, profile.timed_on_other_processor)
+
+
 def build_plan(options: Options, fingerprint: dict[str, Any], profile: HardwareProfile,
                scenarios: Sequence[Any], costs: Costs, store: BaselineStore) -> Plan:  # fmt: skip
     targets, not_here = targets_for(scenarios, profile, fingerprint)
-    done = Done() if options.redo else done_in(store, targets, options.settings.repeats)
+    done = Done() if options.redo else done_in(store, targets, options.settings.repeats, usable(fingerprint, profile))
     launch_s, fixed_s = costs.table(targets)
     return make_plan(targets, not_here, launch_s, fixed_s, done, options.settings)
 
@@ -133,7 +139,7 @@ def loop(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, c
     unused while 14 s baselines waited behind a 90 s step).
     """
     reserve = next(s.estimate_s for s in plan.steps if s.kind == "report")
-    recorded = set(done_in(store(), list(plan.targets), 1).baselines)
+    recorded = set(done_in(store(), list(plan.targets), 1, usable(fingerprint, profile)).baselines)
     work = [s for s in plan.steps if s.kind != "report"]
     waiting: list[Step] = []
     for number, step in enumerate(work, 1):
@@ -154,7 +160,7 @@ def loop(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, c
         record = execute(step, ctx, budget.left() - reserve, fingerprint, profile, plan, state, costs, recorded)
         state.record(step.key, record)
         costs.save(costs_path)
-        recorded = set(done_in(store(), list(plan.targets), 1).baselines)
+        recorded = set(done_in(store(), list(plan.targets), 1, usable(fingerprint, profile)).baselines)
         say(
             f"{number}/{len(work)} {step.key}: {record.status} in {record.wall_s:.1f} s (est {step.estimate_s:.0f})"
             f" | used {clock_text(budget.used())}, left {clock_text(budget.left())} | {record.message[:160]}"

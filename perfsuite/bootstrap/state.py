@@ -10,12 +10,13 @@ calibrations already in the baselines folder count as done too (see
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from perfsuite.baselines import BaselineError, BaselineStore
+from perfsuite.baselines import BaselineEntry, BaselineError, BaselineStore
 from perfsuite.bootstrap.plan import Done, Target
 from perfsuite.files import atomic_write_json
 
@@ -73,15 +74,19 @@ class State:
         atomic_write_json(self.path, doc)
 
 
-def done_in(store: BaselineStore, targets: list[Target], repeats: int) -> Done:
-    """Targets that already have a baseline, and those calibrated over at least ``repeats`` launches."""
+def done_in(
+    store: BaselineStore, targets: list[Target], repeats: int, usable: Callable[[BaselineEntry], bool] = lambda e: True
+) -> Done:
+    """Targets that already have a baseline ``usable`` here, and those calibrated over at least
+    ``repeats`` launches. A baseline from another processor, where the profile does not compare
+    timings across processors, judges no timing here: recording this machine's is still to do."""
     baselines, calibrated = set(), set()
     for target in targets:
         try:
             entry = store.get(target.group, target.id)
         except BaselineError:
             continue  # a corrupt group file: its step reports it when it runs
-        if entry is None:
+        if entry is None or not usable(entry):
             continue
         baselines.add(target.id)
         calibration = entry.extra.get("calibration") or {}

@@ -24,8 +24,9 @@ from perfsuite.bootstrap.probe import idle_readings
 from perfsuite.bootstrap.state import Status, StepRecord
 from perfsuite.files import atomic_write_json, atomic_write_text
 
-#: Verdicts of a scenario that leave its step done.
-GOOD = ("recorded", "pass", "improved", "expected_oom")
+#: Verdicts of a scenario that leave its step done (other_machine: its memory judged, its
+#: timing not, against a baseline from another processor the plan did not record again).
+GOOD = ("recorded", "pass", "improved", "expected_oom", "other_machine")
 #: Seconds a subprocess gets between SIGTERM and SIGKILL.
 GRACE_S = 15.0
 LOG_TAIL = 1500

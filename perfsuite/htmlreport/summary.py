@@ -122,7 +122,8 @@ def markdown(document: Mapping[str, Any]) -> str:
     coverage = document.get("coverage")
     if coverage:  # the gate's own verdict on what it could judge, above the rows
         mark = MARKS["good"] if coverage.get("ok") else MARKS["bad"]
-        lines += [f"**{mark} {coverage.get('line', '')}**", *(f"- {fix}" for fix in coverage.get("fixes", [])), ""]
+        notes = [*coverage.get("fixes", []), *coverage.get("notes", [])]
+        lines += [f"**{mark} {coverage.get('line', '')}**", *(f"- {note}" for note in notes), ""]
     lines += _table(columns(document), body)
     relations = document.get("relations") or []
     if relations:

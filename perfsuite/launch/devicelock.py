@@ -41,9 +41,10 @@ class DeviceBusy(Exception):
 def lock_dir(folder: Path | None = None) -> Path:
     """``folder``, else ``PERFSUITE_LOCK_DIR``, else the default; created, shared by every user."""
     folder = folder or Path(os.environ.get(LOCK_DIR_VAR, DEFAULT_LOCK_DIR))
-    folder.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        folder.chmod(0o1777)  # shared by every user's runs, like /tmp
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            folder.chmod(0o1777)  # made here: shared by every user's runs, like /tmp (a given folder keeps its mode)
     return folder
 
 
