@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import CPU_PROFILE, bench_module
+from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION, bench_module
 
 from perfsuite.__main__ import main
 from perfsuite.baselines import BaselineError
@@ -159,6 +159,9 @@ def gate(project: pytest.Pytester, out: Path, *args: str) -> pytest.RunResult:
 def test_a_widened_ffn_regression_names_a_matmul_and_explain_reproduces_it(
     project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # A widened FFN is judged however much the hypervisor steals: a CI run saw the regression
+    # unreliable at 0.78 cores stolen, and this test is of the explanation, not of contention.
+    project.makeconftest(JUDGE_UNDER_CONTENTION)
     project.makepyfile(test_bench=bench_module(f'Scenario("g", "s", TINY, {SHAPE}),'))
     project.makepyfile(sitecustomize=SITECUSTOMIZE)
     recorded = gate(project, project.path / "rec.json", "--perf-update-baselines")
