@@ -23,7 +23,17 @@ def start(project: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
     project.makepyfile(test_bench=bench_module(f"    {LONG},"))
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", CPU_PROFILE, "--perf-timeout=300",
            f"--basetemp={project.path / 'tmp'}", *args]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=project.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        cmd, cwd=project.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=default_sigint
+    )
+
+
+def default_sigint() -> None:
+    """SIGINT as a terminal's Ctrl-C meets pytest. A background job of a non-interactive shell (a CI
+    script's ``cmd &``) starts with SIGINT ignored, every child inherits that, and Python then installs
+    no KeyboardInterrupt handler: pytest ignored this test's SIGINT in two fresh-clone CI runs started
+    that way."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_until_measuring(project: pytest.Pytester, run: subprocess.Popen[bytes], timeout_s: float = 90) -> None:
