@@ -93,6 +93,11 @@ MODULE = textwrap.dedent(
 )
 
 
+#: Rounds of (plain, plain, perfsuite, plain); a round whose plain runs spread wider than
+#: this (max / min) measured the machine's noise, not perfsuite's bias.
+ROUNDS, QUIET_SPREAD = 3, 1.25
+
+
 def plain_matmul_tflops() -> float:
     out = subprocess.run([sys.executable, "-c", PLAIN_LOOP], capture_output=True, text=True, check=True)
     return float(out.stdout.strip())
@@ -111,8 +116,8 @@ def test_microbench_matmul_agrees_with_a_plain_matmul_loop_and_the_search_keeps_
     # A second round where the first disagrees: the VM once ran a whole
     # launch at half speed (0.102 against 0.20, 0.197 and 0.182, with no
     # process of its own busy), and a real bias in perfsuite fails both rounds.
-    rounds = []
-    for _ in range(2):
+    rounds, results, noisy = [], {}, ""
+    for _ in range(ROUNDS):
         plain_runs = [plain_matmul_tflops(), plain_matmul_tflops()]
         result = project.runpytest_subprocess(CPU_PROFILE, f"--perf-json={out}", "-p", "no:cacheprovider", "-v")
         plain_runs.append(plain_matmul_tflops())
@@ -123,9 +128,17 @@ def test_microbench_matmul_agrees_with_a_plain_matmul_loop_and_the_search_keeps_
         if min(abs(measured / plain - 1) for plain in plain_runs) <= 0.10:
             break
     else:
-        pytest.fail(f"perfsuite's matmul TFLOP/s vs the plain loop's, per round: {rounds}")
+        quiet = [r for r in rounds if max(r[1]) / min(r[1]) <= QUIET_SPREAD]
+        if not quiet:
+            # The machine itself disagreed: CI once timed the plain loop at 0.048, 0.090, 0.050
+            # and then 0.033, 0.042, 0.140 TFLOP/s. A 10% agreement cannot be judged there.
+            noisy = f"the plain loop alone varied more than {QUIET_SPREAD - 1:.0%} in every round: {rounds}"
+        else:
+            pytest.fail(f"perfsuite's matmul TFLOP/s vs the plain loop's, per round: {rounds}")
 
     best = results["mb.best_fp32"]["metrics"]
     table = best["detail"]["search"]
     assert [row["shape"] for row in table] == [[64, 64, 64], [N, N, N]]
     assert best["detail"]["best_shape"] == max(table, key=lambda row: row["tflops"])["shape"]
+    if noisy:
+        pytest.skip(noisy)
