@@ -13,6 +13,12 @@ tensors most of the activation memory that bf16 does not halve.
 Mixed precision is bf16 autocast there (fp16 matmuls have no fast CPU kernels).
 Its model state is small, but the bytes each rank holds are still exact, so the
 sharding relations below are checked there too.
+
+Two best-practice rows without a seed row (CUDA only) stand beside the single-GPU
+GPT-1.3B AMP row: bf16 autocast without a scaler, ``gelu_pytorch_tanh`` for GPT-2's
+Python ``gelu_new``, fused AdamW, DDP's gradients as bucket views and 4 sequences per
+micro-batch instead of 1, eager and compiled (provisional until an H100 run picks the
+micro-batch with ``--perf-find-max-batch``, issue 37).
 """
 
 from perfsuite import (
@@ -88,7 +94,29 @@ ZERO3 = row(
 TORCH_ZERO = row("torch_zero_amp", "torch_zero", "native OSS: torch ZeroRedundancyOptimizer")
 FSDP2 = row("fsdp2_amp", "fsdp2", "native FSDP: torch fully_shard per transformer block")
 
-SCENARIOS = [DDP_FP32, DDP_AMP, OSS, SDP, FAIRSCALE_FSDP, ZERO1, ZERO2, ZERO3, TORCH_ZERO, FSDP2]
+GPT_1_3B_FAST = ModelSpec(
+    "gpt2", layers=24, hidden=2048, heads=32, vocab=50304, max_positions=1024,
+    config={"activation_function": "gelu_pytorch_tanh"},
+)  # fmt: skip
+DDP_BEST, DDP_BEST_COMPILE = BEST_ROWS = [
+    Scenario(
+        "model_state_sharding",
+        name,
+        GPT_1_3B_FAST,
+        strategy="ddp",
+        precision="bf16",
+        strategy_options={"optimizer": "adamw_fused", "gradient_as_bucket_view": True},
+        graph=graph,
+        **{**SEED_SHAPE, "micro_batch": 4, "global_batch": 16},
+        world_sizes=DDP_SIZES,
+        only_on=("cuda",),
+        variants={"cuda-32gb": {"micro_batch": 1, "global_batch": 4}},
+        reference=f"no seed row: best-practice counterpart of A2's AMP row ({graph})",
+    )
+    for name, graph in (("ddp_best", "eager"), ("ddp_best_compile", "compile"))
+]
+
+SCENARIOS = [DDP_FP32, DDP_AMP, OSS, SDP, FAIRSCALE_FSDP, ZERO1, ZERO2, ZERO3, TORCH_ZERO, FSDP2, *BEST_ROWS]
 SHARDED = [OSS, SDP, FAIRSCALE_FSDP, ZERO1, ZERO2, ZERO3, TORCH_ZERO, FSDP2]
 
 STATE = "model_state_bytes_per_rank"
@@ -120,6 +148,10 @@ RELATIONS = [
         [ZERO1, ZERO2, DDP_AMP, SDP, OSS],
         only_on=("cuda",),
         why="A2: ZeRO-1 12.88 > ZeRO-2 10.27 > AMP 9.57 > OSS+SDP 7.01 > OSS 6.02 samples/s",
+    ),
+    *(
+        Relation("samples_per_s", best, ">", DDP_AMP, only_on=("cuda",), why="best practice beats the seed's setup")
+        for best in BEST_ROWS
     ),
 ]
 

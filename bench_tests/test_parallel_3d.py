@@ -19,6 +19,11 @@ fp16 2-8x slower (no fast low-precision CPU kernels). The vocab-to-layer proport
 chosen so that the first pipeline stage's extra share (it also holds the
 embeddings) is close to the seed's: 29% vs 29% of the model at pp=4.
 
+Two best-practice rows without a seed row (CUDA only) stand beside tp1_pp1: bf16
+autocast, fused AdamW and 4 sequences per micro-batch instead of 1 (the same 4
+micro-batches of accumulation), eager and compiled per block (provisional until an
+H100 run picks the micro-batch with ``--perf-find-max-batch``, issue 37).
+
 Model state per rank is exact, so the sharding claims are checked as
 relations on every profile. They compare runs that differ only in tp or pp;
 dp replicates a rank's state and changes none of it. The factor is the ideal
@@ -117,7 +122,29 @@ MEGATRON_ROWS = [
     for tp, pp in ((1, 1), (2, 1), (4, 1), (1, 2), (1, 4), (2, 2), (4, 4))
 ]
 
-SCENARIOS = [*A3_ROWS, *SCHEDULES, *MEGATRON_ROWS]
+BEST_ROWS = [
+    Scenario(
+        "parallel_3d",
+        name,
+        GPT_1_3B,
+        precision="bf16",
+        strategy="tp_pp",
+        strategy_options={"tp": 1, "pp": 1, "microbatches": MICROBATCHES, "optimizer": "adamw_fused"},
+        graph=graph,
+        world_size=4,
+        world_sizes=(2, 1),
+        micro_batch=4,
+        global_batch=4 * MICROBATCHES * 4,
+        seq_len=1024,
+        warmup_steps=3,
+        steps=10,
+        only_on=("cuda",),
+        reference=f"no seed row: best-practice counterpart of A3 tp=1 x pp=1 ({graph})",
+    )
+    for name, graph in (("tp1_pp1_best", "eager"), ("tp1_pp1_best_compile", "compile"))
+]
+
+SCENARIOS = [*A3_ROWS, *SCHEDULES, *MEGATRON_ROWS, *BEST_ROWS]
 
 PARAMS = "model_state.params"
 A3_TRADE = {
@@ -154,6 +181,10 @@ RELATIONS = [
         for metric in ("samples_per_s", "peak_mem_mib")
         for axis in ([TP1_PP1, TP2_PP1, TP4_PP1], [TP1_PP1, TP1_PP2, TP1_PP4], [TP2_PP1, TP2_PP2])
         for relation in chain(metric, ">", axis, only_on=("cuda",), why=A3_TRADE[metric])
+    ),
+    *(
+        Relation("samples_per_s", best, ">", TP1_PP1, only_on=("cuda",), why="best practice beats the seed's setup")
+        for best in BEST_ROWS
     ),
 ]
 

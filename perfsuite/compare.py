@@ -103,11 +103,12 @@ def resolve_tolerances(
     return merged
 
 
-def judge_outcome(status: str, expected: str, baseline: BaselineEntry | None) -> Judgement | None:
-    """Verdicts decided by the outcome alone (OOM expectations, missing baseline)."""
+def judge_outcome(status: str, expected: str, baseline: BaselineEntry | None, limit: str = "") -> Judgement | None:
+    """Verdicts decided by the outcome alone (OOM expectations, missing baseline); ``limit``
+    names the memory limit a rank ran into, when the profile sets one."""
     if status == "oom":
         if expected == "oom":
-            return Judgement("expected_oom", "ran out of memory, as expected")
+            return Judgement("expected_oom", f"ran out of memory{f' under {limit}' if limit else ''}, as expected")
         return Judgement(
             "unexpected_oom",
             "ran out of memory where it was expected to fit; if the new footprint is "

@@ -55,7 +55,7 @@ def judge(
     if changed is not None:
         return changed
     expected = baseline.expected if baseline else scenario.expected_outcome(profile.variant_keys)
-    decided = judge_outcome(outcome.status, expected, baseline)
+    decided = judge_outcome(outcome.status, expected, baseline, profile.memory_limit())
     if (decided is not None and decided.verdict != "no_baseline") or metrics is None:
         return decided or Judgement("error", "no metrics")
     distrust = untrustworthy(metrics)

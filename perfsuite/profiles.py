@@ -129,6 +129,14 @@ class HardwareProfile:
             return self.calibration_floor
         return self.tolerance(metric) or 0.0
 
+    def memory_limit(self) -> str:
+        """The memory limit an out-of-memory ran into, in words ("" where the profile sets none)."""
+        if self.device == "cpu" and self.rank_memory_budget_mib:
+            return f"{self.rank_memory_budget_mib} MiB per rank above its footprint (RLIMIT_DATA, profile {self.name})"
+        if self.device == "cuda" and self.device_memory_cap_mib:
+            return f"{self.device_memory_cap_mib} MiB of device memory per rank (profile {self.name}'s cap)"
+        return ""
+
     def default_tolerances(self, metrics: Iterable[str]) -> dict[str, float]:
         found = {name: self.tolerance(name) for name in metrics}
         return {name: tol for name, tol in found.items() if tol is not None}

@@ -22,7 +22,12 @@ DOC = ROOT / "docs" / "design" / "architecture.md"
 SHARED = ("engines", "files", "layout", "metrics", "models", "nvmlcodes", "processor", "profiles", "protocol", "relations",
           "validation", "workloads")  # fmt: skip
 #: Rank-side nodes besides whole packages.
-RANK_NODES = {"models.build": "modelbuild", "models.hf": "modelbuild", "models.megatron_gpt": "modelbuild"}
+RANK_NODES = {
+    "models.build": "modelbuild",
+    "models.hf": "modelbuild",
+    "models.megatron_gpt": "modelbuild",
+    "models.materialise": "modelbuild",
+}
 RANK = ("modelbuild", "primitives", "strategies/", "worker/")
 ENTRY = {"plugin": "plugin (pytest11)", "__main__": "__main__ (CLI)", "": "perfsuite (public API)"}
 ENTRY_IDS = {"plugin": "plugin", "__main__": "cli", "": "api"}
@@ -72,7 +77,7 @@ def diagram(graph: dict[str, set[str]]) -> str:
         f'  shared["shared declarations, torch-free:<br/>{shared_label}"]',
         '  subgraph rank["ranks: torch"]',
     ]
-    labels = {"modelbuild": "models/build, hf, megatron_gpt"}
+    labels = {"modelbuild": "models/build, hf, megatron_gpt, materialise"}
     lines += [f'    {ident(n)}["{labels.get(n, n)}"]' for n in RANK]
     lines += ["  end"]
     lines += [f"  {ident(a)} --> {ident(b)}" for a, b in sorted(edges(graph), key=lambda e: (ident(e[0]), ident(e[1])))]

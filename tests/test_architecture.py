@@ -32,6 +32,7 @@ RANK = (
     "perfsuite.models.hf",
     "perfsuite.models.megatron_gpt",
     "perfsuite.models.module",
+    "perfsuite.models.materialise",
 )
 PYTEST_SIDE = (
     "perfsuite.plugin",

@@ -29,7 +29,7 @@ def test_bench(perf, scenario):
             "deepspeed_zero",
             {"stag": 2},
             "*field 'strategy_options' has unknown option 'stag' for engine 'deepspeed_zero'; "
-            "valid options: stage, offload_optimizer, param_persistence_threshold*",
+            "valid options: optimizer, activation_checkpointing, stage, offload_optimizer, param_persistence_threshold, config*",
         ),
         (
             "tp_pp",
@@ -128,5 +128,8 @@ def test_every_builtin_engine_names_an_implementation_module_and_its_packages_ar
 
 
 def test_option_error_lists_the_valid_options() -> None:
-    with pytest.raises(OptionError, match="valid options: stage, offload_optimizer, param_persistence_threshold"):
+    with pytest.raises(
+        OptionError,
+        match="valid options: optimizer, activation_checkpointing, stage, offload_optimizer, param_persistence_threshold, config",
+    ):
         ZeroOptions.parse("deepspeed_zero", {"stage": 1, "offload": True})

@@ -11,21 +11,35 @@ from perfsuite.engines.base import (
     NoOptions,
     OptionError,
     ParallelOptions,
+    RunShape,
+    StepOptions,
 )
-from perfsuite.engines.builtin import MegatronOptions, ShardedDDPOptions, ZeroOptions
+from perfsuite.engines.builtin import (
+    DDPOptions,
+    FSDP2Options,
+    MegatronOptions,
+    ShardedDDPOptions,
+    TPPPOptions,
+    ZeroOptions,
+)
 
 register_engine = ENGINES.register
 engine_spec = ENGINES.get
 
 __all__ = [
     "ENGINES",
+    "DDPOptions",
     "EngineOptions",
     "EngineSpec",
+    "FSDP2Options",
     "MegatronOptions",
     "NoOptions",
     "OptionError",
     "ParallelOptions",
+    "RunShape",
     "ShardedDDPOptions",
+    "StepOptions",
+    "TPPPOptions",
     "ZeroOptions",
     "engine_spec",
     "register_engine",

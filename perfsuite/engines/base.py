@@ -15,10 +15,11 @@ import importlib.util
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, ClassVar, TypeVar, get_type_hints
 
 from perfsuite.layout import SCHEDULES, ParallelLayout, Schedule
 from perfsuite.protocol import Device, ProtocolError, decode_value
+from perfsuite.validation import COLLECTION_CHECKS
 
 OptionsT = TypeVar("OptionsT", bound="EngineOptions")
 
@@ -31,6 +32,30 @@ class OptionError(ValueError):
     and reads as a predicate ("has unknown option 'stag' ...")."""
 
 
+#: Graph modes of a train scenario (``Scenario.graph``); an engine declares those it takes.
+GRAPH_MODES = ("eager", "compile", "ort")
+
+#: The named optimizers of ``strategy_options.optimizer``: the torch class and its keyword
+#: arguments besides the learning rate. ``adamw`` is torch's default (a foreach kernel per step).
+OPTIMIZERS: Mapping[str, tuple[str, Mapping[str, Any]]] = MappingProxyType(
+    {
+        "adamw": ("torch.optim:AdamW", MappingProxyType({})),
+        "adamw_fused": ("torch.optim:AdamW", MappingProxyType({"fused": True})),
+        "sgd": ("torch.optim:SGD", MappingProxyType({})),
+    }
+)
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What an engine's own configuration must agree with: the scenario's batch and precision."""
+
+    micro_batch: int
+    grad_accum: int
+    global_batch: int
+    precision: str
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """Base of an engine's ``strategy_options``: one field per option.
@@ -39,10 +64,16 @@ class EngineOptions:
     cross-field checks in ``__post_init__`` raising :class:`OptionError`.
     """
 
+    refused: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    """Options other engines take that this one refuses, with the reason."""
+
     @classmethod
     def parse(cls: type[OptionsT], engine: str, options: Mapping[str, Any]) -> OptionsT:
         """Options from a scenario's mapping: unknown names, missing required
         ones and values of the wrong type are refused with the valid set."""
+        for name in options:
+            if name in cls.refused:
+                raise OptionError(f"sets {name!r}, which engine {engine!r} refuses: {cls.refused[name]}")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         valid = ", ".join(fields) or "(none)"
         unknown = sorted(set(options) - set(fields))
@@ -62,6 +93,62 @@ class EngineOptions:
     def layout(self, world_size: int) -> ParallelLayout:
         """The parallel layout these options describe: data parallel only by default."""
         return ParallelLayout(dp=world_size)
+
+    @classmethod
+    def normalise(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options as the scenario's definition keeps them (a file's content, not its path)."""
+        return dict(options)
+
+    @classmethod
+    def rescaled(cls, options: Mapping[str, Any], run: RunShape) -> dict[str, Any]:
+        """The options of the same experiment fitted to another world size (``run``: the new shape)."""
+        return dict(options)
+
+    def check_run(self, run: RunShape) -> None:
+        """Raise OptionError where the options contradict the scenario's batch or precision."""
+
+    def unavailable(self, device: str) -> str:
+        """Why these options cannot run on ``device`` here ("" if they can)."""
+        return ""
+
+
+def check_optimizer(name: str, factories: bool = True) -> None:
+    """An ``optimizer`` option: a name of :data:`OPTIMIZERS` or a ``package.module:function``
+    factory, which a child interpreter imports at collection (the pytest process never imports torch)."""
+    from perfsuite.models.probe import REFERENCE, check_callable
+
+    if name in OPTIMIZERS:
+        return
+    if not (isinstance(name, str) and REFERENCE.match(name)):
+        raise OptionError(
+            f"option 'optimizer' must be one of {', '.join(OPTIMIZERS)} or a 'package.module:function' "
+            f"factory, got {name!r}"
+        )
+    if not factories:
+        raise OptionError(
+            f"option 'optimizer' takes one of {', '.join(OPTIMIZERS)} here: this engine wraps an optimizer "
+            f"class in its own sharded optimizer, so a factory {name!r} cannot be used"
+        )
+    problem = check_callable(name) if COLLECTION_CHECKS.get() else ""
+    if problem:
+        raise OptionError(f"option 'optimizer' {problem}")
+
+
+@dataclass(frozen=True)
+class StepOptions(EngineOptions):
+    """Options of an engine that builds its own training step from perfsuite's parts."""
+
+    optimizer: str = "adamw"
+    """``adamw`` (torch's AdamW, foreach: the default), ``adamw_fused``, ``sgd``, or the team's
+    ``"package.module:function"``, called as ``function(params, lr)`` and returning a torch optimizer."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward (non-reentrant checkpointing)."""
+
+    takes_factory: ClassVar[bool] = True
+    """Whether ``optimizer`` may name a factory (False: the engine wraps an optimizer class)."""
+
+    def __post_init__(self) -> None:
+        check_optimizer(self.optimizer, self.takes_factory)
 
 
 def _required(f: dataclasses.Field[Any]) -> bool:
@@ -119,6 +206,10 @@ class EngineSpec:
     """Modules it imports; one that cannot be found skips its scenarios before launch."""
     packages: tuple[str, ...] = ()
     """Distributions whose versions the fingerprint tracks for stack-change reports."""
+    graphs: tuple[str, ...] = ("eager",)
+    """Graph modes (``Scenario.graph``) it composes with."""
+    why_not_graph: str = ""
+    """Why it refuses the graph modes it lacks (the collection error)."""
     smoke_options: Mapping[str, Any] = field(default_factory=dict)
     """``strategy_options`` of ``perfsuite doctor``'s smoke run (required options need values)."""
     description: str = ""
@@ -147,15 +238,15 @@ class EngineSpec:
                 f"use one of {', '.join(self.schedules)}"
             )
 
-    def unavailable(self, device: str) -> str:
-        """Why this engine cannot run here, before anything launches ("" if it can)."""
+    def unavailable(self, device: str, options: EngineOptions | None = None) -> str:
+        """Why this engine (with ``options``) cannot run here, before anything launches ("" if it can)."""
         if device not in self.devices:
             return self.why_not.get(device) or f"engine {self.name} runs on {', '.join(self.devices)} only"
         for module in self.requires:
             if not _importable(module):
                 hint = f"pip install 'perfsuite[{self.extra}]'" if self.extra else f"install {module}"
                 return f"{module} is not installed; install it with: {hint}"
-        return ""
+        return options.unavailable(device) if options is not None else ""
 
 
 def _importable(module: str) -> bool:

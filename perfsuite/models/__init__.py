@@ -46,6 +46,8 @@ HF_SHAPE_KEYS: Mapping[str, str] = MappingProxyType(
         "max_positions": "max_position_embeddings",
     }
 )
+#: perfsuite's families built from a transformers config (``ModelSpec.config`` overrides its fields).
+TRANSFORMERS_FAMILIES = ("bert", "bert_pretraining", "bert_cls", "gpt2")
 #: Classes of the ``classification`` objective's synthetic labels (binary, like GLUE's MRPC or SST-2).
 CLASSIFICATION_LABELS = 2
 #: Classes of next-sentence prediction (is next / random), fixed by BERT's pre-training head.
@@ -144,7 +146,9 @@ class ModelSpec:
     task: Objective | None = None
     """Family ``hf`` only: a key of :data:`HF_TASKS`."""
     config: Mapping[str, Any] = field(default_factory=dict)
-    """Family ``hf``: further config fields (``num_key_value_heads``, ``image_size``...); family
+    """Family ``hf``: further config fields (``num_key_value_heads``, ``image_size``...); perfsuite's
+    transformers families (bert, bert_pretraining, bert_cls, gpt2): config fields over the family's
+    own (``{"activation_function": "gelu_pytorch_tanh", "attn_implementation": "sdpa"}``); family
     ``module``: the keyword arguments of its build function. Plain JSON."""
     step: str | None = None
     """Family ``module`` only: ``module:function`` computing one micro-batch's loss from the model
@@ -233,9 +237,13 @@ class ModelSpec:
 
     def _check_hf(self, owner: str) -> None:
         if self.family != "hf":
-            for name in ("source", "task", "config", "step"):
+            for name in ("source", "task", "step"):
                 if getattr(self, name):
                     raise fail(owner, name, "is for family 'hf' only (ModelSpec.hf)")
+            if self.config and self.family not in TRANSFORMERS_FAMILIES:
+                raise fail(owner, "config", f"is for transformers' families only ({', '.join(TRANSFORMERS_FAMILIES)}, "
+                           "hf); family megatron_gpt is perfsuite's own")  # fmt: skip
+            self._check_config_json(owner)
             return
         owner = f"model {self.source}"
         if not isinstance(self.source, str) or not self.source:

@@ -13,7 +13,8 @@ IGNORE_INDEX = -100
 
 
 def build_model(spec: ModelSpec) -> nn.Module:
-    """The family's model with random weights, on the CPU."""
+    """The family's model with random weights, on torch's default device (the CPU unless a caller
+    builds under ``with torch.device(...)``: see :mod:`perfsuite.models.materialise`)."""
     model: nn.Module = import_object(FAMILIES[spec.family].builder)(spec)
     return model
 

@@ -13,16 +13,17 @@ from perfsuite.models import CLASSIFICATION_LABELS, HF_TASKS, ModelSpec
 def _bert_config(m: ModelSpec, **extra: Any) -> Any:
     from transformers import BertConfig
 
-    return BertConfig(
-        vocab_size=m.vocab,
-        hidden_size=m.hidden,
-        num_hidden_layers=m.layers,
-        num_attention_heads=m.heads,
-        intermediate_size=m.ffn_size,
-        max_position_embeddings=m.max_positions,
+    fields = {
+        "vocab_size": m.vocab,
+        "hidden_size": m.hidden,
+        "num_hidden_layers": m.layers,
+        "num_attention_heads": m.heads,
+        "intermediate_size": m.ffn_size,
+        "max_position_embeddings": m.max_positions,
         **_dropout(m, "hidden_dropout_prob", "attention_probs_dropout_prob"),
         **extra,
-    )
+    }
+    return BertConfig(**{**fields, **m.config})  # the spec's config fields win over the family's
 
 
 def _dropout(m: ModelSpec, *names: str) -> dict[str, float]:
@@ -52,7 +53,8 @@ def bert_cls(m: ModelSpec) -> nn.Module:
     first call, a change that makes torch.compile recompile on step 2. Attention
     is transformers' eager implementation (the seed's), in every row alike:
     ORTModule 1.19 cannot build the gradient of SDPA with attention dropout
-    (``GradientBuilderBase::O ... OutputDefs().size()``)."""
+    (``GradientBuilderBase::O ... OutputDefs().size()``). A spec's
+    ``config={"attn_implementation": "sdpa"}`` overrides it (the best-practice rows)."""
     from transformers import BertForSequenceClassification
 
     config = _bert_config(
@@ -64,16 +66,16 @@ def bert_cls(m: ModelSpec) -> nn.Module:
 def gpt2(m: ModelSpec) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(
-        vocab_size=m.vocab,
-        n_embd=m.hidden,
-        n_layer=m.layers,
-        n_head=m.heads,
-        n_inner=m.ffn,
-        n_positions=m.max_positions,
+    fields = {
+        "vocab_size": m.vocab,
+        "n_embd": m.hidden,
+        "n_layer": m.layers,
+        "n_head": m.heads,
+        "n_inner": m.ffn,
+        "n_positions": m.max_positions,
         **_dropout(m, "resid_pdrop", "embd_pdrop", "attn_pdrop"),
-    )
-    return GPT2LMHeadModel(config)
+    }
+    return GPT2LMHeadModel(GPT2Config(**{**fields, **m.config}))
 
 
 def auto(m: ModelSpec) -> nn.Module:

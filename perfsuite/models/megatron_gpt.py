@@ -134,11 +134,37 @@ class GPTStage(nn.Module):
     optional ``head``. Input: token ids if it owns ``embed``, else hidden
     states; output: logits if it owns ``head``, else hidden states."""
 
-    def __init__(self, embed: Embedding | None, blocks: Sequence[Block], head: Head | None) -> None:
+    def __init__(
+        self, embed: Embedding | None, blocks: Sequence[Block], head: Head | None, layers_total: int | None = None
+    ) -> None:
         super().__init__()
         self.embed = embed
         self.blocks = nn.ModuleList(blocks)
         self.head = head
+        self.layers_total = layers_total if layers_total is not None else len(blocks)
+        """Blocks of the whole model: the residual projections' init depends on it."""
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """GPT-2 / Megatron init of this slice: N(0, 0.02), zero biases, unit LayerNorms, and
+        N(0, 0.02 / sqrt(2 * layers)) for the projections that feed the residual. Other modules
+        (a tensor-parallel embedding) run their ``reset_parameters``."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=INIT_STD)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif module is not self and not isinstance(module, GPTStage):
+                reset = getattr(module, "reset_parameters", None)
+                if callable(reset):
+                    reset()
+        # modules(), not self.blocks: a block may sit inside a checkpoint or compile wrapper by now.
+        for block in (m for m in self.modules() if isinstance(m, Block)):
+            for proj in (block.attn.out, block.mlp.fc2):
+                nn.init.normal_(proj.weight, std=INIT_STD / math.sqrt(2 * self.layers_total))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
@@ -161,24 +187,7 @@ class MegatronGPT(GPTStage):
             [Block(hidden, heads, ffn) for _ in range(layers)],
             Head(hidden, vocab),
         )
-        self.init_weights(layers)
-
-    @torch.no_grad()
-    def init_weights(self, layers: int) -> None:
-        """GPT-2 / Megatron init: N(0, 0.02), zero biases, unit LayerNorms, and
-        N(0, 0.02 / sqrt(2 * layers)) for the projections that feed the residual."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=INIT_STD)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-            if isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
-        for block in self.blocks:
-            assert isinstance(block, Block)
-            for proj in (block.attn.out, block.mlp.fc2):
-                nn.init.normal_(proj.weight, std=INIT_STD / math.sqrt(2 * layers))
+        self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:  # type: ignore[override]
         logits = super().forward(input_ids)
@@ -197,6 +206,7 @@ class MegatronGPT(GPTStage):
             self.embed if index == 0 else None,
             [b for b in self.blocks[index * per : (index + 1) * per] if isinstance(b, Block)],
             self.head if index == count - 1 else None,
+            layers_total=layers,
         )
 
 

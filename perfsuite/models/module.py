@@ -14,8 +14,10 @@ gives, and returns a :class:`Recipe`::
 
         return Recipe(model, batch, loss=lambda out, b: F.mse_loss(out, b["target"]), inputs=("x",))
 
-perfsuite calls ``build`` once per rank with the CPU and fp32, and moves the model to the
-rank's device, as it does its own models (an engine casts for mixed precision itself). At
+perfsuite calls ``build`` once per rank with fp32 and the device the engine builds on: the
+rank's own (data-parallel engines), or ``meta`` when the engine shards the model before it
+has storage (FSDP2: it then gives each rank's shard storage and runs ``Recipe.init_weights``,
+or each submodule's ``reset_parameters``). An engine casts for mixed precision itself. At
 collection it also calls ``build`` in a child interpreter on the ``meta`` device, so that a
 wrong import path or return type fails before any launch: a build function must work there
 (no data-dependent code at construction). The batches are made on the CPU with a seeded
@@ -54,11 +56,15 @@ class Recipe:
     model's output), or the output itself when it is a scalar tensor."""
     inputs: Sequence[str] | None = None
     """The batch entries passed to the model as keyword arguments; None: all of them."""
+    init_weights: Callable[[nn.Module], None] | None = None
+    """``init_weights(model)``: the model's initialisation, run (under ``torch.no_grad``) on each
+    rank's part when an engine built it on the ``meta`` device and gave it storage (FSDP2).
+    None: each submodule's ``reset_parameters``, torch's default."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
             raise TypeError(f"Recipe.model must be a torch.nn.Module, got {type(self.model).__name__}")
-        for name in ("batch", "loss"):
+        for name in ("batch", "loss", "init_weights"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"Recipe.{name} must be callable, got {type(value).__name__}")
@@ -73,6 +79,15 @@ class RecipeModel(nn.Module):
         self.module = recipe.model
         self.recipe = recipe
         self._step = step
+
+    def init_weights(self) -> None:
+        """The recipe's initialisation of storage an engine gave a meta-built model."""
+        from perfsuite.models.materialise import reset_parameters
+
+        if self.recipe.init_weights is not None:
+            self.recipe.init_weights(self.module)
+        else:
+            reset_parameters(self.module)
 
     def forward(self, **batch: torch.Tensor) -> SimpleNamespace:
         if self._step is not None:
@@ -98,9 +113,10 @@ def make_recipe(spec: ModelSpec, device: torch.device, dtype: torch.dtype = torc
 
 
 def build(spec: ModelSpec) -> nn.Module:
-    """The family's builder (``FAMILIES["module"]``): the recipe behind the adapter, on the CPU."""
+    """The family's builder (``FAMILIES["module"]``): the recipe behind the adapter, on the device the
+    engine builds on (torch's default device: the rank's, or ``meta``)."""
     step = import_object(spec.step) if spec.step else None
-    return RecipeModel(make_recipe(spec, torch.device("cpu")), step)
+    return RecipeModel(make_recipe(spec, torch.get_default_device()), step)
 
 
 def recipe_batch(model: nn.Module, seq_len: int, rows: int, seed: int) -> Batch:

@@ -65,6 +65,34 @@ def _probe(source: str, step: str | None, options: str, path: str) -> tuple[str,
     return (answer["field"], answer["problem"]) if answer else None
 
 
+#: The child's answer for :func:`check_callable`: "" or what is wrong with the reference.
+_CALLABLE = """
+import importlib, json, sys
+module, _, name = sys.argv[1].partition(":")
+try:
+    found = importlib.import_module(module)
+except Exception as exc:
+    print(json.dumps(f"cannot be imported: {type(exc).__name__}: {exc}"))
+else:
+    ok = callable(getattr(found, name, None))
+    print(json.dumps("" if ok else f"names no function: module {module!r} has no callable {name!r}"))
+"""
+
+
+@functools.lru_cache(maxsize=64)
+def check_callable(reference: str) -> str:
+    """What is wrong with a ``package.module:function`` reference ("" when a child interpreter,
+    on the ranks' path, imports it and finds a callable there)."""
+    path = RANK_PATH.get() or os.pathsep.join(p for p in sys.path if p)
+    try:
+        done = subprocess.run([sys.executable, "-c", _CALLABLE, reference], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S, env={**os.environ, "PYTHONPATH": path}, check=False)  # fmt: skip
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, OSError, IndexError, ValueError):
+        return f"{reference!r} could not be checked: the child interpreter importing it failed"
+    return f"{reference!r} {answer}" if answer else ""
+
+
 #: The child's answer for :func:`hf_model_types`: each model type with the tasks that take it.
 _HEADS = """
 import json, sys, transformers

@@ -19,8 +19,10 @@ from torch import nn
 
 from perfsuite.engines import EngineOptions
 from perfsuite.layout import ParallelLayout
+from perfsuite.models.materialise import ModelFactory
 from perfsuite.primitives import Precision, StateTensors, optimizer_state_tensors
 from perfsuite.protocol import EngineUnavailable, import_object
+from perfsuite.strategies import steps
 
 __all__ = [
     "EngineUnavailable",
@@ -59,6 +61,11 @@ class StrategyContext:
     """The engine's validated options (its own EngineOptions subclass)."""
     layout: ParallelLayout
     """dp x tp x pp of the run."""
+    micro_batch: int = 1
+    """Rows per micro-batch per data-parallel replica (DeepSpeed's config carries it)."""
+    graph: str = "eager"
+    """The scenario's graph mode; ``compile`` is applied by the strategy, where its engine
+    documents it (see :meth:`TorchStrategy.setup`)."""
 
 
 class Strategy(ABC):
@@ -78,9 +85,16 @@ class Strategy(ABC):
     def check(cls, ctx: StrategyContext) -> None:
         """Raise :class:`EngineUnavailable` if this strategy cannot run here."""
 
+    def build(self, factory: ModelFactory) -> nn.Module:
+        """The model :meth:`setup` receives, made where this engine wants it: by default
+        directly on the rank's device, never a whole host copy first. Sharding engines
+        build on ``meta`` and materialise their part in :meth:`setup`."""
+        self.factory = factory
+        return factory.on_device(self.ctx.device)
+
     @abstractmethod
     def setup(self, model: nn.Module) -> None:
-        """Wrap the model (already on the device) and build the optimizer."""
+        """Wrap the model (from :meth:`build`) and build the optimizer."""
 
     @abstractmethod
     def forward_backward(self, batch: Mapping[str, torch.Tensor], sync_grads: bool) -> torch.Tensor:
@@ -101,16 +115,28 @@ class Strategy(ABC):
 class TorchStrategy(Strategy):
     """Plain PyTorch training with autocast AMP. Subclasses change one step by
     overriding a hook: :meth:`wrap`, :meth:`make_optimizer`,
-    :meth:`make_precision`, :meth:`grad_sync` or :meth:`zero_grad`."""
+    :meth:`make_precision`, :meth:`grad_sync` or :meth:`zero_grad`.
+
+    Options shared by such engines (:class:`perfsuite.engines.StepOptions`): each block is
+    checkpointed before :meth:`wrap`; ``graph="compile"`` compiles the wrapped model whole
+    (outside DDP, as accelerate does: dynamo's DDP optimizer splits the graph at the
+    buckets), or each block before :meth:`wrap` where ``compile_blocks`` says so (FSDP2)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
     precision: Precision
+    compile_blocks: ClassVar[bool] = False
+    """Compile block by block, before wrapping, instead of the wrapped model whole."""
 
     def setup(self, model: nn.Module) -> None:
         self.precision = self.make_precision()
+        _, checkpoint = steps.step_options(self.ctx.options)
+        compiling = self.ctx.graph == "compile"
+        steps.prepare_blocks(model, checkpoint, compiling and self.compile_blocks)
         self.model = self.wrap(model)
         self.optimizer = self.make_optimizer(self.model)
+        if compiling and not self.compile_blocks:
+            self.model = torch.compile(self.model)  # type: ignore[assignment]
 
     def make_precision(self) -> Precision:
         return Precision(self.ctx.precision, self.ctx.device)
@@ -119,7 +145,8 @@ class TorchStrategy(Strategy):
         return model
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(model.parameters(), lr=self.ctx.lr)
+        name, _ = steps.step_options(self.ctx.options)
+        return steps.make_optimizer(name, model.parameters(), self.ctx.lr)
 
     def grad_sync(self, sync_grads: bool) -> contextlib.AbstractContextManager[None]:
         """Context for one micro-batch; skips gradient communication when

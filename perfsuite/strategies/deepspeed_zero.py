@@ -5,10 +5,17 @@ torchrun has already started the ranks and the worker has already called
 initialised default group and only wraps it (``TorchBackend`` skips
 ``init_process_group`` when ``torch.distributed.is_initialized()``), so
 DeepSpeed's collectives run on the worker's gloo/nccl group.
+
+A team's own config (option ``config``) runs as given, with the batch keys and the
+precision set from the scenario (:mod:`perfsuite.engines.deepspeed_config` refused any that
+disagreed at collection) and perfsuite's optimizer only where the config has none. At
+stage 3 the model is built inside ``deepspeed.zero.Init``: each module's parameters are
+partitioned as it is constructed, so no rank ever holds the whole model.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -18,15 +25,23 @@ import torch
 from torch import nn
 
 from perfsuite.engines import ZeroOptions
+from perfsuite.engines.base import OPTIMIZERS
+from perfsuite.models.materialise import ModelFactory
 from perfsuite.primitives import DTYPES, StateTensors, optimizer_state_tensors
+from perfsuite.strategies import steps
 from perfsuite.strategies.base import EngineUnavailable, Strategy, StrategyContext, require
 
 SHM_COMM_OP = "deepspeed_shm_comm"  # deepspeed.ops.op_builder.cpu.comm.ShareMemCommBuilder.NAME
 ALL_GATHER_DEPRECATION = r"`torch\.distributed\.all_gather_into_tensor` is deprecated"
 NEVER_PRINT = 2**31 - 1  # steps_per_print: DeepSpeed logs progress every N steps
-# DeepSpeed only uses the micro-batch size for its throughput log and data
-# loader, neither of which runs here; StrategyContext does not carry it.
-MICRO_BATCH_PLACEHOLDER = 1
+#: Named optimizers DeepSpeed builds itself from its config (torch_adam: plain torch.optim.AdamW,
+#: a ZeRO-supported optimizer, so no FusedAdam/DeepSpeedCPUAdam op is compiled, offload included).
+DS_OPTIMIZERS: Mapping[str, dict[str, Any]] = {
+    "adamw": {"type": "AdamW", "params": {"torch_adam": True}},
+    "adamw_fused": {"type": "AdamW", "params": {"torch_adam": True, "fused": True}},
+    "sgd": {"type": "SGD", "params": {}},
+}
+assert set(DS_OPTIMIZERS) == set(OPTIMIZERS)
 
 
 def import_deepspeed(device: torch.device) -> Any:
@@ -105,23 +120,33 @@ def zero_config(options: ZeroOptions, model_numel: int) -> dict[str, Any]:
 
 
 def ds_config(ctx: StrategyContext, options: ZeroOptions, model_numel: int) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": MICRO_BATCH_PLACEHOLDER,
-        "gradient_accumulation_steps": ctx.grad_accum,
-        # The caller owns the boundary, as perfsuite's loop does: backward()
-        # accumulates, step() reduces and updates. In the managed default,
-        # ZeRO-1 reduces inside the last backward and frees its full gradients
-        # before the loop counts state, so it would look like ZeRO-2.
-        "managed_gradient_accumulation": False,
-        "zero_optimization": zero_config(options, model_numel),
-        # torch_adam: plain torch.optim.AdamW (a ZeRO-supported optimizer), so
-        # no FusedAdam/DeepSpeedCPUAdam op has to be compiled, offload included.
-        "optimizer": {"type": "AdamW", "params": {"lr": ctx.lr, "torch_adam": True}},
-        "wall_clock_breakdown": False,
-        "steps_per_print": NEVER_PRINT,
-    }
+    """The config deepspeed.initialize gets: the team's (option ``config``) or perfsuite's own,
+    with the batch and precision of the scenario."""
+    config: dict[str, Any]
+    if options.config is not None:
+        config = json.loads(json.dumps(dict(options.config)))  # a deep copy of plain JSON
+    else:
+        config = {"zero_optimization": zero_config(options, model_numel), "wall_clock_breakdown": False}
+    config["train_micro_batch_size_per_gpu"] = ctx.micro_batch
+    config["gradient_accumulation_steps"] = ctx.grad_accum
+    # DeepSpeed derives the rest (micro x accumulation x its world size); collection checked that
+    # a train_batch_size the config gave is that. zero.Init reads the config before DeepSpeed's
+    # communicator knows the world size, and would refuse any other value.
+    config.pop("train_batch_size", None)
+    # The caller owns the boundary, as perfsuite's loop does: backward()
+    # accumulates, step() reduces and updates. In the managed default,
+    # ZeRO-1 reduces inside the last backward and frees its full gradients
+    # before the loop counts state, so it would look like ZeRO-2.
+    config.setdefault("managed_gradient_accumulation", False)
+    config.setdefault("steps_per_print", NEVER_PRINT)
+    if "optimizer" not in config and options.optimizer in DS_OPTIMIZERS:
+        named = DS_OPTIMIZERS[options.optimizer]
+        config["optimizer"] = {"type": named["type"], "params": {"lr": ctx.lr, **named["params"]}}
+    if config.get("optimizer", {}).get("type") == "SGD" or "optimizer" not in config:
+        config.setdefault("zero_allow_untested_optimizer", True)  # SGD or a team factory: plain torch
     if ctx.precision in ("fp16", "bf16"):
-        config[ctx.precision] = {"enabled": True}
+        section = config.get(ctx.precision)
+        config[ctx.precision] = {**(section if isinstance(section, Mapping) else {}), "enabled": True}
     return config
 
 
@@ -137,12 +162,32 @@ class DeepSpeedZeroStrategy(Strategy):
         assert isinstance(self.ctx.options, ZeroOptions)
         return self.ctx.options
 
-    def setup(self, model: nn.Module) -> None:
+    def build(self, factory: ModelFactory) -> nn.Module:
+        self.factory = factory
         # DeepSpeed's ZeRO all-gathers call an API torch 2.13 deprecates, once per rank.
         warnings.filterwarnings("ignore", message=ALL_GATHER_DEPRECATION, category=FutureWarning)
+        self.config = ds_config(self.ctx, self.options, factory.numel())
+        if self.options.stage != 3:
+            return factory.on_device(self.ctx.device)
         deepspeed = import_deepspeed(self.ctx.device)
-        config = ds_config(self.ctx, self.options, sum(p.numel() for p in model.parameters()))
-        self.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        with deepspeed.zero.Init(config_dict_or_path=self.config):
+            model = factory.build(self.ctx.device)
+        factory.how = "zero.Init"
+        return model
+
+    def setup(self, model: nn.Module) -> None:
+        deepspeed = import_deepspeed(self.ctx.device)
+        if not hasattr(self, "config"):  # set up without build(): a model made elsewhere
+            self.config = ds_config(self.ctx, self.options, sum(p.numel() for p in model.parameters()))
+        steps.prepare_blocks(model, self.options.activation_checkpointing, compile_blocks=False)
+        client = None
+        if "optimizer" not in self.config:  # the team's factory
+            client = steps.make_optimizer(self.options.optimizer, model.parameters(), self.ctx.lr)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), optimizer=client, config=self.config
+        )
+        if self.ctx.graph == "compile":
+            self.engine.compile()  # DeepSpeed's own: compiles the module it wraps, ZeRO hooks left out
 
     def forward_backward(self, batch: Mapping[str, torch.Tensor], sync_grads: bool) -> torch.Tensor:
         # With managed_gradient_accumulation off, backward only accumulates and

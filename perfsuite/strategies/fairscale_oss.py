@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from perfsuite.primitives import Precision, StateTensors, optimizer_state_tensors
+from perfsuite.strategies import steps
 from perfsuite.strategies.base import StrategyContext, require
 from perfsuite.strategies.ddp import DDPStrategy
 
@@ -28,7 +29,8 @@ class FairscaleOSSStrategy(DDPStrategy):
         # Built after DDP wrapped the model: OSS re-points each param's .data
         # into its per-rank flat buffer, which DDP tolerates.
         oss = require("fairscale.optim", "fairscale").OSS
-        optimizer: torch.optim.Optimizer = oss(model.parameters(), optim=torch.optim.AdamW, lr=self.ctx.lr)
+        cls, kwargs = steps.optimizer_class(steps.step_options(self.ctx.options)[0])
+        optimizer: torch.optim.Optimizer = oss(model.parameters(), optim=cls, lr=self.ctx.lr, **kwargs)
         return optimizer
 
     def state_tensors(self) -> StateTensors:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from perfsuite.engines import ShardedDDPOptions
+from perfsuite.strategies import steps
 from perfsuite.strategies.base import require
 from perfsuite.strategies.fairscale_oss import FairscaleOSSStrategy
 
@@ -18,6 +19,7 @@ class FairscaleSDPStrategy(FairscaleOSSStrategy):
     def setup(self, model: nn.Module) -> None:
         # ShardedDDP needs the OSS partition, so the optimizer comes first.
         self.precision = self.make_precision()
+        steps.prepare_blocks(model, steps.step_options(self.ctx.options)[1], compile_blocks=False)
         self.optimizer = self.make_optimizer(model)
         sharded_ddp = require("fairscale.nn.data_parallel", "fairscale").ShardedDataParallel
         options = self.ctx.options

@@ -8,7 +8,12 @@ keeps the fp32 shards for the optimizer and reduce-scatters gradients in fp32;
 under autocast it would all-gather fp32 and re-cast per op. The catch: every
 op, layer norms and softmax included, runs in the low dtype, so numerics
 differ from the autocast rows. fp16 keeps a GradScaler; DTensor all-reduces
-its inf check across the shards.
+its inf check across the shards. Options (:class:`perfsuite.engines.FSDP2Options`)
+change the policy's dtypes, keep gathered parameters to the backward
+(``reshard_after_forward=False``) or offload the shards to host memory.
+
+The model is built on the ``meta`` device, sharded, and only then given storage: each
+rank allocates and initialises its own shards, never the whole model.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from perfsuite.engines import FSDP2Options
 from perfsuite.models.build import transformer_blocks
+from perfsuite.models.materialise import ModelFactory
 from perfsuite.primitives import DTYPES, Precision
 from perfsuite.strategies.base import EngineUnavailable, StrategyContext, TorchStrategy
 
@@ -37,9 +44,20 @@ def _fsdp() -> ModuleType:
 
 
 class FSDP2Strategy(TorchStrategy):
+    compile_blocks = True  # torchtitan's recipe: compile each block, then fully_shard it
+
     @classmethod
     def check(cls, ctx: StrategyContext) -> None:
         _fsdp()
+
+    @property
+    def options(self) -> FSDP2Options:
+        options = self.ctx.options
+        return options if isinstance(options, FSDP2Options) else FSDP2Options()
+
+    def build(self, factory: ModelFactory) -> nn.Module:
+        self.factory = factory
+        return factory.on_meta("meta, then sharded")
 
     def make_precision(self) -> Precision:
         # The policy below casts parameters; autocast on top would re-cast per op.
@@ -50,14 +68,34 @@ class FSDP2Strategy(TorchStrategy):
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
-        dtype = DTYPES.get(self.ctx.precision)
-        policy = fsdp.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+        settings = {
+            "mesh": mesh,
+            "mp_policy": self.policy(fsdp),
+            "reshard_after_forward": self.options.reshard_after_forward,
+        }
+        if self.options.cpu_offload:
+            settings["offload_policy"] = fsdp.CPUOffloadPolicy()
         # Bottom-up: each block becomes its own all-gather/reduce-scatter group,
         # the root call takes what is left (embeddings, final norm, tied head).
         for block in transformer_blocks(model):
-            fsdp.fully_shard(block, mesh=mesh, mp_policy=policy)
-        fsdp.fully_shard(model, mesh=mesh, mp_policy=policy)
+            fsdp.fully_shard(block, **settings)
+        fsdp.fully_shard(model, **settings)
+        if any(p.is_meta for p in model.parameters()):
+            # Offloaded shards live in host memory; the rest on the rank's device.
+            place = torch.device("cpu") if self.options.cpu_offload else self.ctx.device
+            self.factory.materialise(model, place)
         return model
+
+    def policy(self, fsdp: ModuleType) -> object:
+        """The mixed-precision policy: the options' dtypes, else the scenario's precision for the
+        parameters and fp32 reductions below fp32 (fp32 means no cast)."""
+        options, scenario = self.options, DTYPES.get(self.ctx.precision)
+        param = scenario if options.param_dtype is None else DTYPES.get(options.param_dtype)
+        if options.reduce_dtype is None:
+            reduce = torch.float32 if scenario is not None else None
+        else:
+            reduce = DTYPES.get(options.reduce_dtype, torch.float32)
+        return fsdp.MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
 
     def grad_sync(self, sync_grads: bool) -> contextlib.AbstractContextManager[None]:
         # FSDP2's no_sync: non-final micro-batches skip the reduce-scatter and

@@ -60,6 +60,7 @@ from torch import nn
 
 from perfsuite.engines import MegatronOptions
 from perfsuite.layout import ParallelLayout
+from perfsuite.models.materialise import ModelFactory
 from perfsuite.primitives import StateTensors, optimizer_state_tensors
 from perfsuite.strategies.base import EngineUnavailable, Strategy, StrategyContext
 
@@ -256,6 +257,11 @@ class MegatronCoreStrategy(Strategy):
         import_megatron()
 
     # -- setup ------------------------------------------------------------------------
+    def build(self, factory: ModelFactory) -> nn.Module:
+        # megatron's GPTModel builds each rank's partition; perfsuite's model only gives the shape.
+        self.factory = factory
+        return factory.on_meta("engine's own")
+
     def setup(self, model: nn.Module) -> None:
         ctx = self.ctx
         self.mc = import_megatron()

@@ -9,12 +9,14 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from perfsuite.primitives import StateTensors, optimizer_state_tensors
+from perfsuite.strategies import steps
 from perfsuite.strategies.ddp import DDPStrategy
 
 
 class TorchZeroStrategy(DDPStrategy):
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=self.ctx.lr)
+        cls, kwargs = steps.optimizer_class(steps.step_options(self.ctx.options)[0])
+        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, lr=self.ctx.lr, **kwargs)
 
     def state_tensors(self) -> StateTensors:
         # The wrapper's own .state stays empty; the local optimizer (.optim)

@@ -61,8 +61,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from perfsuite.models.megatron_gpt import Block, GPTStage, causal_lm_loss
+from perfsuite.engines import TPPPOptions
+from perfsuite.models.materialise import ModelFactory
+from perfsuite.models.megatron_gpt import INIT_STD, Block, GPTStage, causal_lm_loss
 from perfsuite.primitives import Precision, StateTensors, local_tensor, optimizer_state_tensors
+from perfsuite.strategies import steps
 from perfsuite.strategies.base import EngineUnavailable, Strategy, StrategyContext
 
 BUCKET_ELEMENTS = 25 * 2**20  # data-parallel all-reduce bucket, like DDP's 25 MiB default (in elements)
@@ -119,6 +122,11 @@ class VocabParallelEmbedding(nn.Module):
         self.start = tp_mesh.get_local_rank() * self.rows
         self.weight = nn.Parameter(distribute_tensor(embedding.weight.detach(), tp_mesh, [Shard(0)]))
 
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT's embedding init, for a table materialised after it was sharded."""
+        nn.init.normal_(self.weight, std=INIT_STD)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor, Partial, Replicate
 
@@ -159,6 +167,16 @@ class TPPPStrategy(Strategy):
         _engines()  # the layout itself was validated at collection (perfsuite.engines)
 
     # -- setup --------------------------------------------------------------
+    @property
+    def options(self) -> TPPPOptions:
+        options = self.ctx.options
+        return options if isinstance(options, TPPPOptions) else TPPPOptions()
+
+    def build(self, factory: ModelFactory) -> nn.Module:
+        # On meta: each rank gives storage to its own stages' (tensor-parallel) shards only.
+        self.factory = factory
+        return factory.on_meta("meta, then split")
+
     def setup(self, model: nn.Module) -> None:
         eng = _engines()
         ctx = self.ctx
@@ -189,9 +207,15 @@ class TPPPStrategy(Strategy):
         stages_total = layout.stages if layout.pp > 1 else 1
         self.stage_ids = list(range(self.pp_rank, stages_total, max(layout.pp, 1)))
         self.parts: list[GPTStage] = [model.stage(i, stages_total) for i in self.stage_ids]  # type: ignore[operator]
-        if layout.tp > 1:
-            for part in self.parts:
+        for part in self.parts:
+            if layout.tp > 1:
                 self._tensor_parallel(part, mesh["tp"], eng)
+            if any(p.is_meta for p in part.parameters()):
+                self.factory.materialise(part, ctx.device)
+            # After the split: tensor parallelism names the blocks' own submodules.
+            steps.prepare_blocks(
+                part, self.options.activation_checkpointing, ctx.graph == "compile", blocks=part.blocks
+            )
         self.has_first = any(i == 0 for i in self.stage_ids)
         self.has_last = any(i == stages_total - 1 for i in self.stage_ids)
 
@@ -250,7 +274,7 @@ class TPPPStrategy(Strategy):
         sharded = [p for p in params if isinstance(p, dtensor_type)]
         plain = [p for p in params if not isinstance(p, dtensor_type)]
         groups = [{"params": g} for g in (sharded, plain) if g]
-        return torch.optim.AdamW(groups, lr=self.ctx.lr)
+        return steps.make_optimizer(self.options.optimizer, groups, self.ctx.lr)
 
     # -- one step -----------------------------------------------------------
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -3,9 +3,10 @@ compiled by torch.compile (inductor), or through onnxruntime-training's ORTModul
 
 Each wraps where its own documentation puts it. ORTModule goes inside the
 engine's wrapper (ORT's recipe is ``DDP(ORTModule(model))``: ORT trains the
-module, DDP reduces its gradients). torch.compile goes outside it, as
-accelerate does: dynamo's DDP optimizer then splits the graph at DDP's bucket
-boundaries, so gradient all-reduce still overlaps the backward pass.
+module, DDP reduces its gradients). torch.compile is the strategy's: outside DDP, as
+accelerate does (dynamo's DDP optimizer then splits the graph at DDP's bucket
+boundaries, so gradient all-reduce still overlaps the backward pass), per block under
+FSDP2 and tp_pp, and DeepSpeed's own ``engine.compile()``.
 
 The compile (or ONNX export) happens during the first step and any recompile
 during a later one; :class:`CompileWatch` notes which steps compiled, so the
@@ -23,13 +24,13 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 
 from perfsuite.protocol import EngineUnavailable
-from perfsuite.strategies.base import Strategy, TorchStrategy
+from perfsuite.strategies.base import Strategy
 
 ORT_ENV_COMMAND = "make env-ort"
 ORT_MODULE = "onnxruntime.training.ortmodule"
@@ -44,17 +45,15 @@ def check(mode: str, device: torch.device) -> None:
 
 
 def setup(strategy: Strategy, model: nn.Module, mode: str, device: torch.device) -> None:
-    """``strategy.setup(model)`` with the graph optimization ``mode`` applied."""
+    """``strategy.setup(model)`` with the graph optimization ``mode`` applied: ORTModule
+    here, torch.compile by the strategy itself (``StrategyContext.graph``), where its engine
+    documents it: per block for FSDP2 and tp_pp, ``engine.compile()`` for DeepSpeed."""
     if mode == "ort":
         if device.type == "cpu":
             # ORT's thread pool and torch's compete for the cores otherwise (1.3-3.3x slower).
             torch.set_num_threads(1)
         model = _import_ort_module()(model)
     strategy.setup(model)
-    if mode == "compile":
-        if not isinstance(strategy, TorchStrategy):
-            raise TypeError(f"graph='compile' needs a TorchStrategy engine, got {type(strategy).__name__}")
-        strategy.model = cast(nn.Module, torch.compile(strategy.model))
 
 
 def _import_ort_module() -> Any:

@@ -8,7 +8,8 @@ import math
 from collections import deque
 
 from perfsuite.models import FAMILIES
-from perfsuite.models.build import build_model, training_batch
+from perfsuite.models.build import training_batch
+from perfsuite.models.materialise import ModelFactory
 from perfsuite.primitives import count_state_bytes
 from perfsuite.protocol import COUNTED_FLOPS, RankJob, RankReport
 from perfsuite.strategies.base import StrategyContext, load_strategy
@@ -42,6 +43,8 @@ class TrainRunner(Runner):
             grad_accum=spec.grad_accum,
             options=spec.engine_options(),
             layout=spec.layout,
+            micro_batch=spec.micro_batch,
+            graph=spec.graph,
         )
 
     def check(self, ctx: WorkerContext) -> None:
@@ -51,7 +54,9 @@ class TrainRunner(Runner):
     def run(self, ctx: WorkerContext, reporter: Reporter) -> RankReport:
         spec = self.spec
         reporter.phase("build")
-        model = build_model(spec.model).to(ctx.device)
+        strategy = self.strategy_cls(self.context(ctx))
+        factory = ModelFactory(spec.model)
+        model = strategy.build(factory)  # where the engine wants it: never a whole host copy first
         # A pipelined strategy takes the whole step's rows in one call.
         accum = 1 if self.strategy_cls.pipelined else spec.grad_accum
         rows = spec.micro_batch * (spec.grad_accum if self.strategy_cls.pipelined else 1)
@@ -62,7 +67,6 @@ class TrainRunner(Runner):
             for i in range(BATCH_POOL)
         ]
         reporter.phase("wrap")
-        strategy = self.strategy_cls(self.context(ctx))
         graph.setup(strategy, model, spec.graph, ctx.device)
         del model  # the strategy holds what it needs; a stray reference skews memory
         losses: deque[float] = deque(maxlen=spec.steps)
@@ -115,7 +119,11 @@ class TrainRunner(Runner):
             skipped_steps=skipped,
             metrics=rank_metrics(result.peak_mem_mib, state),
             model_state=state,
-            detail={**compiles.detail(result.warmup_times_s, result.step_times_s), **counted},
+            detail={
+                **compiles.detail(result.warmup_times_s, result.step_times_s),
+                **counted,
+                "materialised": factory.how,
+            },
         )
 
 

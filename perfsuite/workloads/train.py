@@ -14,19 +14,17 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, get_args
 
-from perfsuite.engines import ENGINES, EngineOptions, EngineSpec, OptionError, engine_spec
+from perfsuite.engines import ENGINES, EngineOptions, EngineSpec, OptionError, RunShape, engine_spec
 from perfsuite.layout import LayoutError, ParallelLayout
 from perfsuite.models import ModelSpec
 from perfsuite.protocol import WorkloadSpec, import_object, object_path
-from perfsuite.validation import check_choice, check_int, check_positive, fail
+from perfsuite.validation import COLLECTION_CHECKS, check_choice, check_int, check_positive, fail
 from perfsuite.workloads.base import BaseScenario
 
 Precision = Literal["fp32", "fp16", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 Graph = Literal["eager", "compile", "ort"]
 GRAPHS: tuple[str, ...] = get_args(Graph)
-#: Engines a graph optimization composes with: it wraps the module the engine trains.
-GRAPH_ENGINES = ("ddp",)
 
 
 @dataclass(frozen=True)
@@ -63,9 +61,14 @@ class TrainSpec(WorkloadSpec):
     """Graph optimization of the model (:mod:`perfsuite.worker.graph`)."""
 
     def engine_options(self) -> EngineOptions:
-        """The options as the engine's typed dataclass."""
+        """The options as the engine's typed dataclass (on a rank: collection checked them,
+        so a team's optimizer factory is not asked of a child interpreter again)."""
         options_cls: type[EngineOptions] = import_object(self.options_type)
-        return options_cls.parse(self.engine, self.options)
+        token = COLLECTION_CHECKS.set(False)
+        try:
+            return options_cls.parse(self.engine, self.options)
+        finally:
+            COLLECTION_CHECKS.reset(token)
 
 
 @dataclass(frozen=True)
@@ -111,8 +114,19 @@ class Scenario(BaseScenario):
         options = self.strategy_options
         if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
             raise fail(self.id, "strategy_options", f"must be a dict of option names to values, got {options!r}")
-        object.__setattr__(self, "strategy_options", MappingProxyType(dict(options)))
+        object.__setattr__(self, "strategy_options", MappingProxyType(self._normalised(options)))
         super().__post_init__()
+
+    def _normalised(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options as the definition keeps them: a file an option names is read now."""
+        try:
+            engine = engine_spec(self.strategy) if isinstance(self.strategy, str) else None
+        except LookupError:
+            return dict(options)  # validate() names the unknown engine
+        try:
+            return engine.options.normalise(options) if engine is not None else dict(options)
+        except OptionError as exc:
+            raise fail(self.id, "strategy_options", str(exc)) from None
 
     # -- validation ---------------------------------------------------------------------
     def validate(self) -> None:
@@ -135,16 +149,21 @@ class Scenario(BaseScenario):
                 f"{' or '.join(engine.model_families)} (a model splittable into stages with nn.Linear projections)",
             )
         self._validate_layout(owner)
-        self._validate_graph(owner)
+        self._validate_graph(owner, engine)
+        try:
+            self.engine_options.check_run(self.run_shape)
+        except OptionError as exc:
+            raise fail(owner, "strategy_options", str(exc)) from None
 
-    def _validate_graph(self, owner: str) -> None:
+    def _validate_graph(self, owner: str, engine: EngineSpec) -> None:
         check_choice(owner, "graph", self.graph, GRAPHS)
-        if self.graph != "eager" and self.strategy not in GRAPH_ENGINES:
+        if self.graph not in engine.graphs:
+            takers = ", ".join(e.name for e in ENGINES if self.graph in e.graphs)
+            why = f": {engine.why_not_graph}" if engine.why_not_graph else ""
             raise fail(
                 owner,
                 "graph",
-                f"{self.graph!r} composes only with strategy {' or '.join(map(repr, GRAPH_ENGINES))} "
-                f"(it wraps the module that engine trains), got strategy {self.strategy!r}",
+                f"{self.graph!r} does not compose with strategy {self.strategy!r}{why}; engines that take it: {takers}",
             )
 
     def _engine_or_fail(self) -> EngineSpec:
@@ -207,6 +226,11 @@ class Scenario(BaseScenario):
     def grad_accum(self) -> int:
         return self.global_batch // (self.micro_batch * self.data_parallel_size)
 
+    @property
+    def run_shape(self) -> RunShape:
+        """The batch and precision an engine's own configuration must agree with."""
+        return RunShape(self.micro_batch, self.grad_accum, self.global_batch, self.precision)
+
     # -- the workload-kind interface -------------------------------------------------------
     def at_world_size(self, size: int) -> Scenario:
         """The same experiment on ``size`` ranks: the layout's tp x pp and each
@@ -221,13 +245,18 @@ class Scenario(BaseScenario):
         if size % tp_pp:
             raise fail(self.id, "world_sizes", f"{size} is not a multiple of tp x pp = {tp_pp}")
         per_replica = self.global_batch // layout.dp
-        return dataclasses.replace(self, world_size=size, world_sizes=(), global_batch=per_replica * (size // tp_pp))
+        global_batch = per_replica * (size // tp_pp)
+        shape = dataclasses.replace(self.run_shape, global_batch=global_batch)
+        options = self.engine.options.rescaled(self.strategy_options, shape)
+        return dataclasses.replace(
+            self, world_size=size, world_sizes=(), global_batch=global_batch, strategy_options=options
+        )
 
     def step_work(self) -> Mapping[str, float]:
         return {"samples_per_s": self.global_batch, "tokens_per_s": self.global_batch * self.seq_len}
 
     def precondition(self, device: str) -> str:
-        return self.engine.unavailable(device)
+        return self.engine.unavailable(device, self.engine_options)
 
     def rank_spec(self) -> TrainSpec:
         engine = self.engine
