@@ -81,7 +81,7 @@ def test_an_engine_that_should_work_but_does_not_fails_the_doctor(
     ("gpus", "lines"),
     [
         (1, ["profile: nvidia-h100-80gb-hbm3-x1 (device cuda)",
-             "scenarios in *: 37 would run, 76 skip",
+             "scenarios in *: 45 would run, 76 skip",
              "  microbench.matmul_best_bf16 * run on 1 rank(s)",
              "  microbench.device_copy * run on 1 rank(s)",
              "  cluster_gpt.n1_tp8_pp1 * skip: needs 8 GPUs, 1 node(s) here have 1",

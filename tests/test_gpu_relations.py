@@ -62,7 +62,7 @@ def judged(relations: Sequence[Relation], figures: Mapping[str, tuple[float, flo
 
 
 def test_a2_throughput_order_holds_on_the_seeds_figures_and_fails_when_zero2_outruns_zero1() -> None:
-    order = gpu_only([r for r in a2.RELATIONS if r.op == ">"], ["samples_per_s"])
+    order = gpu_only([r for r in a2.RELATIONS if r.op == ">" and r.left not in a2.BEST_ROWS], ["samples_per_s"])
     assert [(r.left.name, r.right.name) for r in order] == list(zip(list(A2_SEED), list(A2_SEED)[1:], strict=False))
     seed = {name: (value, 1000.0) for name, value in A2_SEED.items()}
     assert judged(order, seed) == ["holds"] * 4
@@ -72,9 +72,22 @@ def test_a2_throughput_order_holds_on_the_seeds_figures_and_fails_when_zero2_out
 
 @pytest.mark.parametrize("metric", ["samples_per_s", "peak_mem_mib"])
 def test_a3_more_tp_or_pp_trades_throughput_for_memory(metric: str) -> None:
-    trade = gpu_only(a3.RELATIONS, [metric])
+    trade = gpu_only([r for r in a3.RELATIONS if r.left not in a3.BEST_ROWS], [metric])
     assert len(trade) == 5  # tp 1>2>4, pp 1>2>4, tp2 pp 1>2
     assert judged(trade, A3_SEED) == ["holds"] * 5
     # A stack where pipeline stages cost no throughput and hold no less memory breaks the rule.
     flat = {**A3_SEED, "tp1_pp2": A3_SEED["tp1_pp1"]}
     assert judged(trade, flat).count("violated") == 1
+
+
+def test_each_best_practice_row_must_beat_its_seed_row_on_gpus_only() -> None:
+    from bench_tests import test_graph_optimization as a4
+    from bench_tests import test_mixed_precision as a1
+
+    for group, seed in ((a1, a1.AMP), (a4, a4.AMP), (a2, a2.DDP_AMP), (a3, a3.TP1_PP1)):
+        for best in group.BEST_ROWS:
+            assert best.reference.startswith("no seed row: best-practice counterpart") and best.only_on == ("cuda",)
+            (rule,) = [r for r in gpu_only(group.RELATIONS, ["samples_per_s"]) if r.left is best]
+            assert (rule.op, rule.right) == (">", seed)
+            assert judged([rule], {best.name: (2.0, 1000.0), seed.name: (1.0, 1000.0)}) == ["holds"]
+            assert judged([rule], {best.name: (1.0, 1000.0), seed.name: (1.0, 1000.0)}) == ["violated"]
