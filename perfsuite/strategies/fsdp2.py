@@ -68,17 +68,16 @@ class FSDP2Strategy(TorchStrategy):
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
-        settings = {
-            "mesh": mesh,
-            "mp_policy": self.policy(fsdp),
-            "reshard_after_forward": self.options.reshard_after_forward,
-        }
+        settings: dict[str, object] = {"mesh": mesh, "mp_policy": self.policy(fsdp)}
         if self.options.cpu_offload:
             settings["offload_policy"] = fsdp.CPUOffloadPolicy()
         # Bottom-up: each block becomes its own all-gather/reduce-scatter group,
         # the root call takes what is left (embeddings, final norm, tied head).
         for block in transformer_blocks(model):
-            fsdp.fully_shard(block, **settings)
+            fsdp.fully_shard(block, **settings, reshard_after_forward=self.options.reshard_after_forward)
+        # The root keeps torch's default (its parameters stay gathered to the backward): its
+        # output may be no tensor FSDP2 can hook (a Recipe's namespace), and a resharded root then
+        # never gathers again for the backward (seen: setStorage on a size-0 storage).
         fsdp.fully_shard(model, **settings)
         if any(p.is_meta for p in model.parameters()):
             # Offloaded shards live in host memory; the rest on the rank's device.
