@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from perfsuite.engines import EngineOptions
+from perfsuite.engines.base import OptionsT
 from perfsuite.layout import ParallelLayout
 from perfsuite.models.materialise import ModelFactory
 from perfsuite.primitives import Precision, StateTensors, optimizer_state_tensors
@@ -84,6 +85,12 @@ class Strategy(ABC):
     @classmethod  # noqa: B027 - optional hook, a no-op by default
     def check(cls, ctx: StrategyContext) -> None:
         """Raise :class:`EngineUnavailable` if this strategy cannot run here."""
+
+    def options_as(self, cls: type[OptionsT]) -> OptionsT:
+        """The engine's options as ``cls``; its defaults when the context carries another type
+        (a strategy subclassed by a user engine without options)."""
+        options = self.ctx.options
+        return options if isinstance(options, cls) else cls()
 
     def build(self, factory: ModelFactory) -> nn.Module:
         """The model :meth:`setup` receives, made where this engine wants it: by default

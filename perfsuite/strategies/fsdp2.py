@@ -52,8 +52,7 @@ class FSDP2Strategy(TorchStrategy):
 
     @property
     def options(self) -> FSDP2Options:
-        options = self.ctx.options
-        return options if isinstance(options, FSDP2Options) else FSDP2Options()
+        return self.options_as(FSDP2Options)
 
     def build(self, factory: ModelFactory) -> nn.Module:
         self.factory = factory

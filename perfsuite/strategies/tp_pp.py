@@ -169,8 +169,7 @@ class TPPPStrategy(Strategy):
     # -- setup --------------------------------------------------------------
     @property
     def options(self) -> TPPPOptions:
-        options = self.ctx.options
-        return options if isinstance(options, TPPPOptions) else TPPPOptions()
+        return self.options_as(TPPPOptions)
 
     def build(self, factory: ModelFactory) -> nn.Module:
         # On meta: each rank gives storage to its own stages' (tensor-parallel) shards only.
