@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -70,7 +70,7 @@ def _problem(path: Path, where: str, what: str) -> BaselineError:
     )
 
 
-def _parse_entry(path: Path, key: str, raw: Any) -> BaselineEntry:
+def parse_entry(path: Path, key: str, raw: Any) -> BaselineEntry:
     where = f"scenarios[{key!r}]"
     if not isinstance(raw, dict):
         raise _problem(path, where, "must be an object")
@@ -134,7 +134,7 @@ def load_group_file(path: Path) -> dict[str, BaselineEntry]:
     scenarios = doc.get("scenarios")
     if not isinstance(scenarios, dict):
         raise _problem(path, "scenarios", "must be an object mapping scenario ids to entries")
-    return {key: _parse_entry(path, key, raw) for key, raw in scenarios.items()}
+    return {key: parse_entry(path, key, raw) for key, raw in scenarios.items()}
 
 
 class BaselineStore:
@@ -165,12 +165,15 @@ class BaselineStore:
         fingerprint: Mapping[str, Any],
         tolerances: Mapping[str, float] | None = None,
         extra: Mapping[str, Any] | None = None,
+        merge: Callable[[BaselineEntry | None, BaselineEntry], BaselineEntry] | None = None,
     ) -> BaselineEntry:
         """Store a measured outcome, keeping hand-set tolerances and notes.
 
         ``tolerances`` (from calibration) are merged over the stored ones. The
         file is re-read under its lock, so entries another run wrote since this
-        one read the group are kept.
+        one read the group are kept. ``merge`` (stored entry, new entry) gives the
+        entry to write, under that lock: a calibration pooled with the machines the
+        stored one holds (:mod:`perfsuite.trustworthy`).
         """
         path = self.path(group)
         try:
@@ -185,6 +188,7 @@ class BaselineStore:
                     note=old.note if old else "",
                     extra={**(old.extra if old else {}), **(extra or {}), "recorded_at": _now()},
                 )
+                entry = merge(old, entry) if merge else entry
                 entries[scenario_id] = entry
                 self._write(group, entries)
         except Timeout:

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import getpass
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from perfsuite import definition
+from perfsuite import definition, trustworthy
 from perfsuite.baselines import BaselineStore
 from perfsuite.compare import Judgement
 from perfsuite.results import ScenarioResult, baseline_metrics
 from perfsuite.settings import RunSettings
-from perfsuite.trustworthy import calibrated_tolerances
+from perfsuite.stats import ScenarioMetrics
 from perfsuite.workloads.base import BaseScenario
 
 
@@ -51,7 +51,6 @@ def record(
 ) -> Judgement:
     """Write ``result`` into ``store`` as the scenario's baseline (and set it as the result's
     baseline). ``fingerprint`` gives the stack it ran on, read only once the entry is complete."""
-    profile = settings.profile
     metrics: dict[str, Any] = {}
     tolerances: dict[str, float] | None = None
     extra: dict[str, Any] = {}
@@ -59,20 +58,47 @@ def record(
         extra["oom_accepted"] = {"by": who(), "at": now(), "via": "--perf-accept-oom"}
     extra["definition"] = definition.definition(scenario.to_config())
     extra["provenance"] = provenance
+    stack = fingerprint()
+    merge = trustworthy.end_pool(now())
     if result.metrics is not None:
         metrics = baseline_metrics(result.metrics)
         if scenario.picks():
             extra[definition.PICKS] = definition.picked(scenario.picks(), result.metrics)
         if settings.calibrate:
-            tolerances, extra["calibration"] = calibrated_tolerances(
-                result.metrics, profile.default_tolerances(scenario.metrics), profile.calibration_floor_of
+            tolerances, extra[trustworthy.CALIBRATION], merge = calibration(
+                scenario, result.metrics, settings, stack, provenance
             )
     entry = store.record(
-        scenario.group, scenario.id, result.status, metrics, fingerprint(), tolerances=tolerances, extra=extra
+        scenario.group, scenario.id, result.status, metrics, stack, tolerances=tolerances, extra=extra, merge=merge
     )
     result.baseline = entry
-    what = "baseline and calibrated tolerances" if tolerances else "baseline"
-    return Judgement("recorded", f"{what} recorded in {store.path(scenario.group)}")
+    if not tolerances:
+        return Judgement("recorded", f"baseline recorded in {store.path(scenario.group)}")
+    calibrated = trustworthy.describe(
+        entry.extra[trustworthy.CALIBRATION], scenario.primary, entry.tolerances.get(scenario.primary)
+    )
+    return Judgement(
+        "recorded",
+        f"baseline and calibrated tolerances recorded in {store.path(scenario.group)}"
+        + (f" ({calibrated})" if calibrated else ""),
+    )
+
+
+def calibration(
+    scenario: BaseScenario,
+    metrics: ScenarioMetrics,
+    settings: RunSettings,
+    stack: Mapping[str, Any],
+    provenance: Mapping[str, Any],
+) -> tuple[dict[str, float], dict[str, Any], trustworthy.Merge]:
+    """This machine's calibration, and the merge that pools it with the other machines' the stored
+    entry holds (:mod:`perfsuite.trustworthy`)."""
+    defaults = settings.profile.default_tolerances(scenario.metrics)
+    ours = trustworthy.source(
+        metrics, trustworthy.calibrated_names(metrics, defaults), stack, provenance.get("commit"), now()
+    )
+    tolerances, data = trustworthy.calibrate(metrics, defaults, settings.profile, ours, scenario.primary)
+    return tolerances, data, trustworthy.rejoin(trustworthy.Facts.of(data), ours)
 
 
 def who() -> str:
