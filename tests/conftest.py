@@ -17,6 +17,13 @@ from perfsuite.protocol import RANK_PROCESS_PREFIX
 pytest_plugins = ["pytester"]
 
 
+@pytest.fixture(autouse=True)
+def _outside_github_actions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI on GitHub sets GITHUB_ACTIONS=true: the self-tests' runs would print the plugin's
+    annotations (perfsuite.exports.github) as if their planted regressions were the repository's."""
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+
+
 @pytest.fixture
 def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """pytester, whose runs skip the op profiles' extra launches (one per recorded baseline and per

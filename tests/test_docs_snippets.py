@@ -16,7 +16,7 @@ docs/gpu-runs/, the committed reports of past runs, kept as they were written):
 
 A run block runs as one bash script (``set -euo pipefail``) and must exit 0
 within :data:`LIMIT_S`. It runs in a scratch folder that links the checkout's
-``bench_tests``, ``baselines``, ``docs``, ``conftest.py`` and
+``bench_tests``, ``baselines``, ``docs`` and
 ``pyproject.toml``, so what a command writes (a report, pytest's caches)
 lands there, with ``python`` and ``pytest`` being this interpreter and this
 checkout's ``perfsuite`` first on the import path. The blocks run today take
@@ -42,7 +42,7 @@ SHELL = {"sh", "bash", "shell", "console"}
 NOT_RUN = re.compile(r"^<!--\s*not-run:\s*(?P<reason>.*?)\s*-->$")
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)")
 #: What the scratch folder links from the checkout.
-LINKED = ("bench_tests", "baselines", "docs", "conftest.py", "pyproject.toml")
+LINKED = ("bench_tests", "baselines", "docs", "pyproject.toml")
 LIMIT_S = 60
 
 

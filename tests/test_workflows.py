@@ -3,7 +3,6 @@ in them (and does find a planted mistake), and they run what the README says."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -14,6 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from perfsuite.exports import github
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -120,16 +121,7 @@ def test_update_baselines_is_manual_and_opens_a_pull_request() -> None:
     assert pull["with"]["add-paths"] == "baselines/**"
 
 
-def root_conftest() -> Any:
-    """The repository's conftest.py, under a name of its own (tests/conftest.py is `conftest`)."""
-    spec = importlib.util.spec_from_file_location("repository_conftest", ROOT / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_root_conftest_annotates_failures_for_github() -> None:
+def test_the_plugin_annotates_failures_for_github() -> None:
     document = {
         "profile": "cpu",
         "results": [
@@ -144,7 +136,7 @@ def test_root_conftest_annotates_failures_for_github() -> None:
             {"id": "mp.peak_mem_mib:amp<fp32", "status": "holds", "message": "400 < 500"},
         ],
     }
-    assert list(root_conftest().workflow_commands(document)) == [
+    assert list(github.workflow_commands(document)) == [
         "::error title=perfsuite cpu%3A mp.amp regression::samples_per_s 50 vs 100: -50%25%0Asecond line",
         "::warning title=perfsuite cpu%3A mp.big no_baseline::no baseline in baselines/cpu/mp.json",
         "::notice title=perfsuite cpu%3A mp.fast other_machine::samples_per_s not judged, recorded on ...",
@@ -152,12 +144,12 @@ def test_root_conftest_annotates_failures_for_github() -> None:
     ]
 
 
-def test_root_conftest_prints_nothing_outside_github_actions(
+def test_the_plugin_prints_nothing_outside_github_actions(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     document = {"profile": "cpu", "results": [{"id": "a.b", "verdict": "error", "message": "crash"}]}
     config = SimpleNamespace(pluginmanager=SimpleNamespace(get_plugin=lambda name: None))  # no terminal reporter
-    module = root_conftest()
+    module = github
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
     module.pytest_perfsuite_session_finished(config, document)
     assert capsys.readouterr().out == ""
