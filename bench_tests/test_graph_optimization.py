@@ -15,6 +15,7 @@ AMP runs fp16 autocast there.
 """
 
 from perfsuite import ModelSpec, Relation, Scenario, parametrize, parametrize_relations
+from perfsuite.workloads import Tier
 
 BERT_BASE = ModelSpec("bert_cls", layers=12, hidden=768, heads=12, vocab=30522, max_positions=512)
 BERT_TINY = ModelSpec("bert_cls", layers=2, hidden=128, heads=2, vocab=8192, max_positions=128)
@@ -28,7 +29,7 @@ SEED_SHAPE = dict(
 CPU_SHAPE = dict(model=BERT_TINY, world_size=2, micro_batch=4, global_batch=8, seq_len=128, warmup_steps=3, steps=12)
 
 
-def row(name: str, precision: str, cpu_precision: str, graph: str, reference: str) -> Scenario:
+def row(name: str, precision: str, cpu_precision: str, graph: str, reference: str, tier: Tier = "pr") -> Scenario:
     return Scenario(
         "graph_optimization",
         name,
@@ -40,6 +41,7 @@ def row(name: str, precision: str, cpu_precision: str, graph: str, reference: st
         only_on=("cuda",) if graph == "eager" else (),
         variants={"cpu": {**CPU_SHAPE, "precision": cpu_precision}},
         reference=reference,
+        tier=tier,
     )
 
 
@@ -49,7 +51,15 @@ FP32, AMP, ORT, ORT_AMP, COMPILE, COMPILE_AMP = SCENARIOS = [
     row("ort", "fp32", "fp32", "ort", "A4 ORT graph optimization: 554.24 +/- 1.98 samples/s, 2430 MB"),
     row("ort_amp", "fp16", "fp16", "ort", "A4 ORT + mixed precision: 614.70 +/- 8.69 samples/s, 2289 MB"),
     row("compile", "fp32", "fp32", "compile", "no seed row: PyTorch-native counterpart of A4's ORT row"),
-    row("compile_amp", "fp16", "bf16", "compile", "no seed row: PyTorch-native counterpart of A4's ORT + AMP"),
+    # Nightly: a pull request compiles once (the fp32 row); on cpu each compile row is about a minute.
+    row(
+        "compile_amp",
+        "fp16",
+        "bf16",
+        "compile",
+        "no seed row: PyTorch-native counterpart of A4's ORT + AMP",
+        tier="nightly",
+    ),
 ]
 
 

@@ -75,11 +75,17 @@ DDP_FP32 = row(
     world_sizes=DDP_SIZES,
 )
 DDP_AMP = row("ddp_amp", "ddp", "A2 mixed precision: 9.57 +/- 0.26 samples/s, 25061 MB", world_sizes=DDP_SIZES)
-OSS = row("fairscale_oss_amp", "fairscale_oss", "A2 + fairscale OSS: 6.02 +/- 0.06, 22077 MB")
-SDP = row("fairscale_sdp_amp", "fairscale_sdp", "A2 + OSS + ShardedDDP: 7.01 +/- 0.07, 17113 MB")
+# Tiers: a pull request gates DDP, ZeRO-3 and FSDP2 (each sharded row against DDP); the other
+# engines, ZeRO's stage chain and OSS > ShardedDDP run nightly (`--perf-tier`; on cpu each row
+# is about a minute of the CI gate).
+NIGHTLY = "nightly"
+OSS = row("fairscale_oss_amp", "fairscale_oss", "A2 + fairscale OSS: 6.02 +/- 0.06, 22077 MB", tier=NIGHTLY)
+SDP = row("fairscale_sdp_amp", "fairscale_sdp", "A2 + OSS + ShardedDDP: 7.01 +/- 0.07, 17113 MB", tier=NIGHTLY)
 FAIRSCALE_FSDP = row("fairscale_fsdp_amp", "fairscale_fsdp", "A2 + fairscale FSDP: did not run in the seed")
-ZERO1 = row("zero1_amp", "deepspeed_zero", "A2 + ZeRO-1: 12.88 +/- 0.10, 15709 MB", strategy_options={"stage": 1})
-ZERO2 = row("zero2_amp", "deepspeed_zero", "A2 + ZeRO-2: 10.27 +/- 0.08, 15693 MB", strategy_options={"stage": 2})
+ZERO1 = row("zero1_amp", "deepspeed_zero", "A2 + ZeRO-1: 12.88 +/- 0.10, 15709 MB", strategy_options={"stage": 1},
+            tier=NIGHTLY)  # fmt: skip
+ZERO2 = row("zero2_amp", "deepspeed_zero", "A2 + ZeRO-2: 10.27 +/- 0.08, 15693 MB", strategy_options={"stage": 2},
+            tier=NIGHTLY)  # fmt: skip
 # ZeRO-3 keeps parameters under 1e5 elements whole on every rank; every
 # parameter of the cpu model is that small, so it shards them all there.
 ZERO3 = row(
@@ -91,7 +97,7 @@ ZERO3 = row(
         "cpu": {**CPU_SHAPE, "precision": "bf16", "strategy_options": {"stage": 3, "param_persistence_threshold": 0}}
     },
 )
-TORCH_ZERO = row("torch_zero_amp", "torch_zero", "native OSS: torch ZeroRedundancyOptimizer")
+TORCH_ZERO = row("torch_zero_amp", "torch_zero", "native OSS: torch ZeroRedundancyOptimizer", tier=NIGHTLY)
 FSDP2 = row("fsdp2_amp", "fsdp2", "native FSDP: torch fully_shard per transformer block")
 
 GPT_1_3B_FAST = ModelSpec(

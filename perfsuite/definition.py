@@ -21,10 +21,10 @@ from perfsuite.stats import ScenarioMetrics
 
 #: Config keys that describe or measure rather than define the work: notes and
 #: formula texts, names, the spec before fitting, what is derived from the
-#: rest, and how many steps are measured.
+#: rest, how many steps are measured, and when a workflow runs it (its tier).
 NOT_DEFINING = frozenset(
     {"reference", "flops_formula", "bytes_formula", "declared", "layout", "bus_factor", "id", "group", "name",
-     "primary", "steps", "warmup_steps", "max_warmup_steps"}
+     "primary", "steps", "warmup_steps", "max_warmup_steps", "tier"}
 )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ runner (:class:`perfsuite.worker.base.Runner`). Built in:
 from __future__ import annotations
 
 from perfsuite.validation import ScenarioError
-from perfsuite.workloads.base import OUTCOMES, BaseScenario, Outcome
+from perfsuite.workloads.base import OUTCOMES, TIERS, BaseScenario, Outcome, Tier
 from perfsuite.workloads.collective import Collective
 from perfsuite.workloads.microbench import DeviceCopy, Microbench
 from perfsuite.workloads.train import PRECISIONS, Precision, Scenario, TrainSpec
@@ -25,6 +25,7 @@ from perfsuite.workloads.trainer import TrainerScenario
 __all__ = [
     "OUTCOMES",
     "PRECISIONS",
+    "TIERS",
     "BaseScenario",
     "Collective",
     "DeviceCopy",
@@ -33,6 +34,7 @@ __all__ = [
     "Precision",
     "Scenario",
     "ScenarioError",
+    "Tier",
     "TrainSpec",
     "TrainerScenario",
 ]

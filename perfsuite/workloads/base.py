@@ -26,6 +26,10 @@ from perfsuite.validation import ScenarioError, check_int, check_positive, fail
 
 Outcome = Literal["ok", "oom"]
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
+#: When a team's workflow runs a scenario, cheapest first: ``pr`` on every pull request (and
+#: nightly), ``nightly`` only in the full nightly run (``--perf-tier``, perfsuite.tiers).
+Tier = Literal["pr", "nightly"]
+TIERS: tuple[str, ...] = get_args(Tier)
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 
@@ -98,6 +102,9 @@ class BaseScenario:
     """Wall-clock limit of one launch (default: the profile's)."""
     reference: str = ""
     """Which published row this reproduces."""
+    tier: Tier = "pr"
+    """When a workflow runs it: ``pr`` on every pull request and nightly, ``nightly`` only in
+    the full nightly run (``--perf-tier pr`` deselects it). Not part of the definition."""
     declared: Mapping[str, Any] = field(default_factory=dict)
     """Set by :meth:`resolve`, not by hand: the declared value of each field the
     applied variant changed (an fp16 row's precision where it runs bf16 on cpu),
@@ -163,6 +170,8 @@ class BaseScenario:
                 raise fail(owner, "expect", f"[{key!r}] must be one of {OUTCOMES}, got {outcome!r}")
         if self.timeout_s is not None:
             check_positive(owner, "timeout_s", self.timeout_s)
+        if self.tier not in TIERS:
+            raise fail(owner, "tier", f"must be one of {', '.join(TIERS)}, got {self.tier!r}")
         unknown = ", ".join(sorted(map(repr, set(self.declared) - _overridable(self))))
         if unknown:
             raise fail(owner, "declared", f"names no field a variant can change: {unknown}")
@@ -219,6 +228,7 @@ class BaseScenario:
             "kind": self.kind,
             "primary": self.primary,
             **({"reference": self.reference} if self.reference else {}),
+            "tier": self.tier,
             "nodes": self.nodes,
             "env": self.env or "current",
             **({"declared": {name: _plain(value) for name, value in self.declared.items()}} if self.declared else {}),
@@ -273,7 +283,8 @@ class BaseScenario:
 
 def _overridable(scenario: BaseScenario) -> set[str]:
     """The fields a variant may override."""
-    return {f.name for f in dataclasses.fields(scenario)} - {"group", "name", "variants", "declared", "_"}
+    # A tier is the scenario's, on every profile: the workflow selects by it before fitting.
+    return {f.name for f in dataclasses.fields(scenario)} - {"group", "name", "variants", "declared", "tier", "_"}
 
 
 def _plain(value: Any) -> Any:
