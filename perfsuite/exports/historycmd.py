@@ -1,5 +1,8 @@
 """``python -m perfsuite history DIR``: each scenario's metric over the
-recorded runs, and the commits where it shifted (e-divisive means)."""
+recorded runs, and the commits where it shifted (e-divisive means).
+
+``--publish BRANCH`` appends DIR's runs to the fleet's history on a branch of the repository,
+``--branch BRANCH`` reads that history into DIR first (:mod:`perfsuite.exports.shared`)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.cliargs import probability
+from perfsuite.exports import shared
 from perfsuite.exports.history import MIN_SEGMENT, HistoryError, HistoryRun, Point, change_points, load, series
 
 
@@ -18,6 +22,13 @@ def add_parser(commands: Any) -> None:
     """The ``history`` subcommand on perfsuite's argparse subparsers."""
     history = commands.add_parser("history", help="a scenario's metric over commits and where it shifted")
     history.add_argument("dir", type=Path, help="history folder (pytest --perf-history=DIR)")
+    shared = history.add_mutually_exclusive_group()
+    shared.add_argument("--publish", metavar="BRANCH",
+                        help="append DIR's runs to the fleet's history on this branch of --remote and push (retried "
+                             "when another runner pushed first); pull-request runs should not")  # fmt: skip
+    shared.add_argument("--branch", metavar="BRANCH",
+                        help="read the fleet's history from this branch of --remote into DIR first")  # fmt: skip
+    history.add_argument("--remote", default="origin", help="git remote of --publish and --branch (default origin)")
     history.add_argument("--profile", help="only this profile's runs (default: every profile in DIR)")
     history.add_argument("-k", dest="keyword", help="only scenarios whose id contains this text")
     history.add_argument("--metric", default="samples_per_s", help="metric to follow (default samples_per_s)")
@@ -31,8 +42,14 @@ def run(ns: argparse.Namespace) -> int:
         print(f"perfsuite history: --max-p must be between 0 and 1, got {ns.max_p}", file=sys.stderr)
         return 2
     try:
+        if ns.publish:
+            added = shared.publish(ns.dir, Path.cwd(), ns.publish, ns.remote)
+            print(f"perfsuite history: {len(added)} run(s) of {ns.dir} appended to {ns.remote}/{ns.publish}")
+            return 0
+        if ns.branch:
+            shared.materialise(Path.cwd(), ns.branch, ns.dir, ns.remote)
         runs = load(ns.dir, ns.profile)
-    except HistoryError as exc:
+    except (HistoryError, shared.SharedHistoryError) as exc:
         print(f"perfsuite history: {exc}", file=sys.stderr)
         return 2
     shown = 0
