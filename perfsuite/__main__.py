@@ -1,4 +1,8 @@
-"""Command line: ``python -m perfsuite calibrate|selftest|doctor|bootstrap|history|report|summary|explain``.
+"""Command line: ``python -m perfsuite calibrate|selftest|doctor|bootstrap|profile|history|report|summary|explain|init|ab-rev``.
+
+``profile`` prints this machine's profile as the gate picks it, after the repository's
+conftest hooks (:mod:`perfsuite.collection`); ``doctor``, ``bootstrap`` and the workflow
+``init`` writes use the same.
 
 ``explain`` prints, from a results file, why each regressed scenario got
 slower: its op profile against the one stored with its baseline
@@ -16,7 +20,8 @@ table (:mod:`perfsuite.htmlreport`).
 profile, which engines import and pass a 2-step smoke run, which scenarios
 would run or skip here and why (see :mod:`perfsuite.doctor`).
 
-``selftest`` proves the gate on this runner: it runs the selected scenarios
+``selftest --simulate`` computes the false-alarm and detection rates from measured variance
+components, in seconds (:mod:`perfsuite.simulate`). ``selftest`` proves the gate on this runner: it runs the selected scenarios
 against their committed baselines ``--trials`` times at each planted slowdown
 (``--perf-inject-slowdown``, real extra device work per step) and prints how
 often the gate failed. The 0% row is the false-alarm rate.
@@ -25,7 +30,10 @@ often the gate failed. The 0% row is the false-alarm rate.
 writes into their baselines the metric values and recommended tolerances (3
 sigma of the spread between launches), which later runs then use. It is
 ``pytest <paths> --perf-calibrate --perf-repeats N``, with this machine's
-profile and any further pytest arguments.
+profile and any further pytest arguments. A calibration on another machine of
+the profile is pooled with the ones the baseline holds; ``calibrate --pool
+FILE_OR_DIR...`` pools the baselines or results files brought from several
+runners without launching anything (:mod:`perfsuite.bootstrap.pool`).
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from perfsuite import explaincmd, revab, scaffold
+from perfsuite import collection, explaincmd, revab, scaffold
+from perfsuite.bootstrap import pool
 from perfsuite.cliargs import at_least, duration, levels
 from perfsuite.exports import historycmd
 from perfsuite.files import atomic_write_json
@@ -52,11 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
     calibrate.add_argument("-k", dest="keyword", help="pytest -k expression selecting scenarios")
     calibrate.add_argument("--repeats", type=at_least(2), default=10, help="fresh launches per scenario (default 10)")
+    pool.add_arguments(calibrate)  # --pool: calibrations brought from several runners
     selftest = commands.add_parser("selftest", help="measure the gate's detection and false-alarm rates")
     selftest.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
-    selftest.add_argument("-k", dest="keyword", required=True, help="pytest -k expression (one scenario is best)")
-    selftest.add_argument("--levels", type=levels, default=(0.0, 25.0, 50.0, 100.0),
-                          help="slowdowns in %% (default 0,25,50,100)")  # fmt: skip
+    selftest.add_argument("-k", dest="keyword", help="pytest -k expression (one scenario is best; not with --simulate)")
+    selftest.add_argument("--levels", type=levels,
+                          help="slowdowns in %% (default 0,25,50,100; with --simulate 0,3,5,10)")  # fmt: skip
     selftest.add_argument("--trials", type=at_least(1), default=10, help="runs per level (default 10)")
     selftest.add_argument("--json", type=Path, metavar="PATH", help="also write the table as JSON to PATH")
     selftest.add_argument(
@@ -65,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="test the interleaved A/B instead of the stored-baseline gate: the slowdown is planted in the "
         "candidate (pass --perf-env and --perf-repeats through)",
     )
+    selftest.add_argument("--simulate", action="store_true",
+                          help="compute the rates from measured variance components instead (seconds, nothing run)")  # fmt: skip
+    selftest.add_argument("--perf-profile", "--profile", dest="profile", action="append",
+                          help="--simulate: profiles, repeatable or comma-separated (default: all measured)")  # fmt: skip
+    selftest.add_argument("--baselines", type=Path, default=Path("baselines"),
+                          help="--simulate: baselines folder whose rows it sizes (default baselines)")  # fmt: skip
+    selftest.add_argument(
+        "--draws", type=at_least(100), default=100_000, help="--simulate: runs a level (default 100000)"
+    )
+    selftest.add_argument("--pairs", type=levels, default=(3.0, 10.0), help="--simulate: ab-rev pairs (default 3,10)")
+    selftest.add_argument("--seed", type=int, default=0, help="--simulate: random seed (default 0)")
     doctor = commands.add_parser("doctor", help="check this machine: engines, scenarios that would run, smoke runs")
     doctor.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
     doctor.add_argument("-k", dest="keyword", help="pytest -k expression selecting scenarios")
@@ -77,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     explaincmd.add_parser(commands)  # explain RESULTS.json: the op-profile diff of each regression
     scaffold.add_parser(commands)  # init [ROOT]: perfsuite in a team's repository
     revab.add_parser(commands)  # ab-rev REV: this checkout against a git revision, interleaved
+    collection.add_parser(commands)  # profile: the profile the gate would use here
     return parser
 
 
@@ -214,6 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     if extra and ns.command not in PYTEST_PASS_THROUGH:
         parser.error(f"{ns.command}: unrecognized arguments: {' '.join(extra)}")
     if ns.command == "selftest":
+        if ns.simulate:
+            from perfsuite.simulate.cli import run as simulate
+
+            if extra:
+                parser.error(f"selftest --simulate: unrecognized arguments: {' '.join(extra)}")
+            return simulate(ns)
+        if not ns.keyword:
+            parser.error("selftest: -k is required (unless --simulate)")
+        # --perf-profile is pytest's too: a real self-test passes it on.
+        extra = [*(f"--perf-profile={name}" for name in ns.profile or ()), *extra]
+        ns.levels = ns.levels or (0.0, 25.0, 50.0, 100.0)
         return selftest(ns, extra)
     if ns.command == "bootstrap":
         return bootstrap(ns, extra)
@@ -223,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         return explaincmd.run(ns)
     if ns.command == "init":
         return scaffold.run(ns)
+    if ns.command == "profile":
+        return collection.run(ns)
     if ns.command == "ab-rev":
         return revab.run(ns, extra)
     if ns.command in htmlreport_cli.COMMANDS:
@@ -232,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
 
         engines = ns.engines.split(",") if ns.engines else None
         return run(ns.paths, ns.keyword, engines, run_smoke=not ns.no_smoke, profile_name=ns.profile)
+    if ns.pool:
+        return pool.run(ns, extra)
     import pytest
 
     return int(pytest.main(calibrate_args(ns, extra)))

@@ -13,8 +13,6 @@ one import-check subprocess.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
 import subprocess
@@ -26,19 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from perfsuite import processor as processors
+from perfsuite.collection import collect
 from perfsuite.engines import ENGINES, EngineSpec
-from perfsuite.fingerprint import machine_fingerprint
 from perfsuite.fitting import fit_to_hardware, launch_precondition
 from perfsuite.identity import describe_card
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.torchrun import LocalTorchrun
 from perfsuite.models import ModelSpec
-from perfsuite.profiles import HardwareProfile, ProfileError, ProfileRegistry, profile_for
+from perfsuite.profiles import HardwareProfile
 from perfsuite.protocol import RankJob
-from perfsuite.workloads import BaseScenario, Precision, Scenario, ScenarioError
+from perfsuite.workloads import Precision, Scenario, ScenarioError
 
 SMOKE_TIMEOUT_S = 180.0
 IMPORT_CHECK = """
@@ -125,46 +121,6 @@ def check_engines(
     return list(checks.values())
 
 
-class _Collector:
-    """A pytest plugin that keeps the scenarios of parametrized benchmark tests."""
-
-    def __init__(self) -> None:
-        self.scenarios: dict[str, BaseScenario] = {}
-        self.nodeids: dict[str, str] = {}
-        self.errors = 0
-
-    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
-        self.errors += report.failed
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        # After -k/-m deselection (collection_modifyitems hooks may run before it).
-        for item in session.items:
-            callspec = getattr(item, "callspec", None)
-            scenario = callspec.params.get("scenario") if callspec else None
-            if isinstance(scenario, BaseScenario):
-                self.scenarios[scenario.id] = scenario
-                self.nodeids[scenario.id] = item.nodeid
-
-
-def collect(paths: Sequence[str], keyword: str | None) -> tuple[list[BaseScenario], int]:
-    collector = _collect(paths, keyword)
-    return list(collector.scenarios.values()), collector.errors
-
-
-def collect_with_nodeids(paths: Sequence[str], keyword: str | None) -> tuple[list[tuple[BaseScenario, str]], int]:
-    """Each scenario with the pytest node id that runs exactly it, and the count of modules that failed."""
-    collector = _collect(paths, keyword)
-    return [(s, collector.nodeids[i]) for i, s in collector.scenarios.items()], collector.errors
-
-
-def _collect(paths: Sequence[str], keyword: str | None) -> _Collector:
-    collector = _Collector()
-    args = [*paths, "--collect-only", "-qq", "-p", "no:cacheprovider", *(["-k", keyword] if keyword else [])]
-    with contextlib.redirect_stdout(io.StringIO()):
-        pytest.main(args, plugins=[collector])
-    return collector
-
-
 def describe_machine(fingerprint: dict[str, Any], profile: HardwareProfile) -> list[str]:
     gpus = fingerprint.get("gpus") or []
     names = ", ".join(f"{describe_card(g)}, {g['memory_mib']} MiB" for g in gpus) or "none"
@@ -186,12 +142,12 @@ def run(
     run_smoke: bool,
     profile_name: str | None = None,
 ) -> int:
-    fingerprint = machine_fingerprint()
-    try:
-        profile = ProfileRegistry().get(profile_name or profile_for(fingerprint), fingerprint)
-    except ProfileError as exc:
-        print(f"perfsuite doctor: {exc}", file=sys.stderr)
+    found = collect(paths, keyword, profile_name)
+    if found.profile is None:
+        print(f"perfsuite doctor: {found.problem}", file=sys.stderr)
         return 2
+    fingerprint, profile, errors = found.fingerprint, found.profile, found.errors
+    scenarios = list(found.scenarios.values())
     gpus = int(fingerprint.get("gpu_count", 0))
     print("\n".join(describe_machine(fingerprint, profile)), flush=True)
 
@@ -209,7 +165,6 @@ def run(
         print(f"  {c.name:<16} {state}")
     print(f"  ({time.monotonic() - start:.0f} s)")
 
-    scenarios, errors = collect(paths, keyword)
     fitted = [fit_to_hardware(s.resolve(profile.variant_keys), profile, fingerprint, None) for s in scenarios]
     reasons = {s.id: (s, launch_precondition(s, profile, fingerprint, None)) for s in fitted}
     runs = sum(1 for _, reason in reasons.values() if not reason)

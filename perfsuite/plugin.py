@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from perfsuite import gate, guards, hookspecs, machine, modes, options
+from perfsuite import gate, guards, hookspecs, machine, modes, options, tiers
 from perfsuite.ceilings import Ceilings, ceilings_first
 from perfsuite.compare import MetricCheck, check_metric
 from perfsuite.cost import ranking
@@ -41,7 +41,12 @@ RANK_PATH_KEY = pytest.StashKey[contextvars.Token[str | None]]()
 # their own: each implements a perfsuite hook (pytest_perfsuite_extra_metrics,
 # pytest_perfsuite_session_finished) as a user's plugin would, and the
 # exporters add their options to the perfsuite group.
-pytest_plugins: list[str] = ["perfsuite.extras", "perfsuite.exports.benchjson", "perfsuite.exports.history"]
+pytest_plugins: list[str] = [
+    "perfsuite.extras",
+    "perfsuite.exports.benchjson",
+    "perfsuite.exports.history",
+    "perfsuite.exports.github",
+]
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -51,6 +56,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
     modes.add_options(parser.getgroup("perfsuite"))
+    tiers.add_option(parser.getgroup("perfsuite"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -92,9 +98,10 @@ def _extra_metrics(config: pytest.Config) -> Any:
     return extra
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Ceiling-setting microbenchmarks run first, so every later training
-    result can be set against this session's measured best (perfsuite.ceilings)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Only the selected tier's scenarios (--perf-tier); ceiling-setting microbenchmarks run first,
+    so every later training result can be set against this session's measured best (perfsuite.ceilings)."""
+    tiers.deselect(config, items)
     items[:] = ceilings_first(items)
 
 

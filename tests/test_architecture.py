@@ -80,6 +80,9 @@ PYTEST_SIDE = (
     "perfsuite.profiling",
     "perfsuite.explaincmd",
     "perfsuite.revab",
+    "perfsuite.simulate",
+    "perfsuite.collection",
+    "perfsuite.tiers",
 )
 Graph = Mapping[str, set[str]]
 

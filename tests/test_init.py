@@ -15,7 +15,8 @@ import pytest
 from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION, require
 from test_workflows import ROOT, lint
 
-from perfsuite.scaffold import RECORD, Model, init, render
+from perfsuite.scaffold import RECORD, Model, init, install, render
+from perfsuite.scaffold.install import how_installed
 
 
 def perfsuite(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
@@ -36,7 +37,10 @@ def test_a_fresh_repo_is_red_until_the_printed_command_records_its_baselines(pyt
     red = gate(pytester)
     assert red.ret == 1  # nothing judged: no baseline yet, and the message says how to record one
     red.stdout.fnmatch_lines(["*no_baseline: example.ddp*--perf-update-baselines*"])
-    gate(pytester, "--perf-update-baselines").assert_outcomes(passed=1)
+    recorded = gate(pytester, "--perf-update-baselines")
+    recorded.assert_outcomes(passed=1)
+    # What the new baseline lets this gate see (issue 39), so a team knows the drop it would miss.
+    recorded.stdout.fnmatch_lines(["*what these baselines let the gate see*", "example.ddp: caught 9 times in 10*"])
     assert (pytester.path / "baselines" / "cpu" / "example.json").is_file()
     gate(pytester).assert_outcomes(passed=1)
 
@@ -87,9 +91,40 @@ def test_the_workflow_init_writes_passes_actionlint_and_installs_what_its_steps_
     assert done.returncode == 0, done.stdout + done.stderr
     # Its last step draws the HTML report, which exits 2 without the report extra: a red job after a green gate.
     text = workflow.read_text()
-    installed = re.search(r'pip install "perfsuite\[([a-z,]+)\]"', text)
-    assert installed is not None and "python -m perfsuite report" in text
+    installed = re.search(r'PERFSUITE_REQUIREMENT: "perfsuite\[([a-z,]+)\](.*)"', text)
+    assert installed is not None and "-m perfsuite report" in text
     assert {"engines", "report"} <= set(installed.group(1).split(","))
+    assert installed.group(2) == f"=={how_installed().requirement.split('==')[1]}"  # this checkout: editable
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "requirement"),
+    [
+        (None, "perfsuite[engines,report]==1.2.3"),
+        ('{"url": "https://github.com/team/perfsuite", "vcs_info": {"vcs": "git", "commit_id": "abc123"}}',
+         "perfsuite[engines,report] @ git+https://github.com/team/perfsuite@abc123"),
+        ('{"url": "https://example.com/perfsuite-1.2.3-py3-none-any.whl", "archive_info": {}}',
+         "perfsuite[engines,report] @ https://example.com/perfsuite-1.2.3-py3-none-any.whl"),
+        ('{"url": "file:///wheels/perfsuite-1.2.3-py3-none-any.whl", "archive_info": {}}',
+         "perfsuite[engines,report]==1.2.3"),
+        ('{"url": "file:///nowhere/perfsuite", "dir_info": {"editable": true}}', "perfsuite[engines,report]==1.2.3"),
+    ],
+)  # fmt: skip
+def test_init_records_how_perfsuite_was_installed(
+    monkeypatch: pytest.MonkeyPatch, direct_url: str | None, requirement: str
+) -> None:
+    class Dist:
+        version = "1.2.3"
+
+        def read_text(self, name: str) -> str | None:
+            return direct_url if name == "direct_url.json" else None
+
+    monkeypatch.setattr(install.importlib.metadata, "distribution", lambda name: Dist())
+    found = how_installed()
+    assert found.requirement == requirement
+    if direct_url and "file:///wheels" in direct_url:
+        assert "PERFSUITE_WHEELHOUSE" in found.source  # a local wheel: the runner finds it in its wheelhouse
+    assert f'PERFSUITE_REQUIREMENT: "{requirement}"' in render(Model.parse(None), found)[".github/workflows/perf.yml"]
 
 
 @pytest.mark.slow  # ~2 min; CI keeps its parts: a module (test_custom_module) and Llama (test_hf_models) e2e

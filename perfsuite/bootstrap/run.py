@@ -76,19 +76,17 @@ def say(text: str) -> None:
 
 
 def _machine(options: Options) -> tuple[dict[str, Any], HardwareProfile, list[Any]]:
-    """Fingerprint, profile and the suite's (scenario, node id) pairs, as a run would see them."""
-    from perfsuite.doctor import collect_with_nodeids
-    from perfsuite.fingerprint import machine_fingerprint
-    from perfsuite.profiles import ProfileRegistry, profile_for
+    """Fingerprint, profile and the suite's (scenario, node id) pairs, as a run would see them
+    (the profile after the repository's conftest hooks: perfsuite.collection)."""
+    from perfsuite.collection import collect
 
-    fingerprint = machine_fingerprint()
-    name = options.profile or profile_for(fingerprint)
-    profile = ProfileRegistry().get(name, fingerprint)
-    scenarios, errors = collect_with_nodeids(options.paths, options.keyword)
-    if errors:
-        raise SystemExit(f"perfsuite bootstrap: {errors} module(s) of {' '.join(options.paths)} failed to collect: "
-                         f"run pytest --collect-only {' '.join(options.paths)}")  # fmt: skip
-    return fingerprint, profile, scenarios
+    found = collect(options.paths, options.keyword, options.profile)
+    if found.profile is None:
+        raise SystemExit(f"perfsuite bootstrap: {found.problem}")
+    if found.errors:
+        raise SystemExit(f"perfsuite bootstrap: {found.errors} module(s) of {' '.join(options.paths)} failed to "
+                         f"collect: run pytest --collect-only {' '.join(options.paths)}")  # fmt: skip
+    return found.fingerprint, found.profile, found.with_nodeids()
 
 
 def usable(fingerprint: dict[str, Any], profile: HardwareProfile) -> Callable[[BaselineEntry], bool]:

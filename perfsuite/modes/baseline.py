@@ -89,8 +89,26 @@ class BaselineMode(Mode):
             terminalreporter.write_sep("-", "perfsuite relations")
             for line in relation_lines(session.relations.values()):
                 terminalreporter.write_line(line)
+        self._sensitivity(terminalreporter, session)
         self._ranking(terminalreporter, session)
         say_nothing_measured(terminalreporter, self.nothing_measured(session))
+
+    def _sensitivity(self, terminalreporter: Any, session: PerfSession) -> None:
+        """After recording, what each new baseline lets the gate see: a team learns the smallest drop it
+        would catch (a -20% regression in a tiny cpu shape passes a 40% tolerance, and nothing said so)."""
+        recorded = {
+            r.scenario.id: r.baseline
+            for r in session.results.values()
+            if r.verdict == "recorded" and r.status == "ok" and r.baseline is not None
+        }
+        if not recorded:
+            return
+        from perfsuite.simulate import sensitivity  # numpy and scipy: only when baselines were recorded
+
+        terminalreporter.write_sep("-", "perfsuite: what these baselines let the gate see")
+        for scenario_id, entry in recorded.items():
+            said = sensitivity(entry, session.profile, self.config.getoption("--perf-confirm"))
+            terminalreporter.write_line(f"{scenario_id}: {said or 'no spread stored: not modelled'}")
 
     def _ranking(self, terminalreporter: Any, session: PerfSession) -> None:
         job = options.job(self.config)

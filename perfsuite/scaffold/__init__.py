@@ -2,8 +2,8 @@
 
 Writes a benchmark module with one scenario for the team's model (their build function,
 a transformers model type, or an example model to replace), a root ``conftest.py``, an
-empty ``baselines/``, a GitHub Actions workflow for a self-hosted GPU runner and a
-README snippet. It writes nothing when any file it would write exists with other
+empty ``baselines/``, a GitHub Actions workflow for self-hosted GPU runners (installing
+perfsuite as it is installed here: :mod:`perfsuite.scaffold.install`) and a README snippet. It writes nothing when any file it would write exists with other
 content, unless ``--force``; files already as it would write them are left alone, so a
 second run changes nothing. Pytest side, torch-free: the templates are package data.
 """
@@ -22,6 +22,7 @@ from typing import Any
 from perfsuite.files import atomic_write_text
 from perfsuite.models import HF_TASKS, hf_tasks_by_type
 from perfsuite.models.probe import REFERENCE
+from perfsuite.scaffold.install import Install, how_installed
 
 #: What ``init`` writes, relative to the repository: file -> template.
 LAYOUT = {
@@ -32,8 +33,9 @@ LAYOUT = {
     "PERFSUITE.md": "PERFSUITE.md.tmpl",
 }
 #: The one template with placeholders (``$model_spec``, ``$what``, ``$group``); the others are
-#: written as they are (the workflow's ``$`` belong to the shell and to GitHub).
+#: written as they are, but for the workflow's install (its ``$`` belong to the shell and to GitHub).
 SUBSTITUTED = "test_perf.py.tmpl"
+WORKFLOW = "perf.yml.tmpl"
 #: The example model written when no ``--model`` is given, and its reference.
 EXAMPLE = {"perf_models/__init__.py": None, "perf_models/example.py": "example_model.py.tmpl"}
 EXAMPLE_REFERENCE = "perf_models.example:build"
@@ -91,17 +93,23 @@ def _identifier(name: str) -> str:
     return re.sub(r"\W", "_", name).strip("_").lower() or "model"
 
 
-def render(model: Model) -> dict[str, str]:
-    """Every file ``init`` writes, by path, with its content."""
+def render(model: Model, install: Install | None = None) -> dict[str, str]:
+    """Every file ``init`` writes, by path, with its content; the workflow installs ``install``
+    (default: perfsuite as it is installed here)."""
+    install = install or how_installed()
     layout = {**LAYOUT, **(EXAMPLE if model.example else {})}
     values = {"model_spec": model.spec, "what": model.what, "group": model.group}
-    return {path: _text(name, values) for path, name in layout.items()}
+    return {path: _text(name, values, install) for path, name in layout.items()}
 
 
-def _text(name: str | None, values: dict[str, str]) -> str:
+def _text(name: str | None, values: dict[str, str], install: Install) -> str:
     if name is None:
         return ""
     text = (resources.files(__name__) / "templates" / name).read_text()
+    if name == WORKFLOW:
+        return text.replace("__PERFSUITE_REQUIREMENT__", install.requirement).replace(
+            "__PERFSUITE_SOURCE__", install.source
+        )
     return string.Template(text).substitute(values) if name == SUBSTITUTED else text
 
 

@@ -1,0 +1,279 @@
+"""The workflow ``perfsuite init`` writes, run as a fresh self-hosted runner would run it (issue 39).
+
+Its jobs' ``run:`` steps execute in order with bash, in a fresh clone of a team repository made
+by ``init``, with GitHub's step semantics (a step runs after a failure only under ``always()``;
+``$GITHUB_OUTPUT`` feeds ``steps.<id>.outputs``). perfsuite is installed by the workflow's own
+install step, from a wheelhouse with no index, into a virtual environment that reaches the
+runner's packages through ``--system-site-packages``: here a folder standing for the runner's
+Python, which holds this environment's packages (torch, the engines) but not perfsuite.
+Every ``${{ }}`` expression and ``if:`` the workflow uses must be one this file knows, so a
+changed workflow fails here until its test follows. ``uses:`` steps (checkout, artifacts, the
+baseline pull request) are what the test does around the jobs: it commits the recorded
+baselines as the merged pull request would.
+
+CI runs the slice: red on a profile without baselines, naming the record job; the record job's
+update; green once they are committed. ``make test-slow`` runs the whole: a planted slowdown in
+the team's model is red, the tiers select by event, and nightly runs land in the shared history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_workflows import ROOT
+
+from perfsuite.scaffold import Model, init
+
+BRANCH = "perf-history"
+
+
+@dataclass
+class Event:
+    """The GitHub context a job runs in."""
+
+    name: str  # pull_request, schedule, workflow_dispatch, push
+    inputs: Mapping[str, str] = field(default_factory=dict)
+    vars: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Step:
+    name: str
+    ok: bool
+    output: str
+
+
+@dataclass
+class Context:
+    event: Event
+    env: dict[str, str]
+    outputs: dict[str, dict[str, str]] = field(default_factory=dict)
+    failed: bool = False
+
+
+#: Every expression the workflow uses, and its value here.
+EXPRESSIONS: dict[str, Callable[[Context], str]] = {
+    "vars.PERFSUITE_WHEELHOUSE": lambda c: c.event.vars.get("PERFSUITE_WHEELHOUSE", ""),
+    "vars.PERF_AB_KEYWORD": lambda c: c.event.vars.get("PERF_AB_KEYWORD", ""),
+    "github.event_name == 'pull_request' && 'pr' || 'nightly'": lambda c: (
+        "pr" if c.event.name == "pull_request" else "nightly"
+    ),
+    "github.event_name != 'pull_request'": lambda c: str(c.event.name != "pull_request").lower(),
+    "github.base_ref": lambda c: "main" if c.event.name == "pull_request" else "",
+    "inputs.record": lambda c: c.event.inputs.get("record", ""),
+    "inputs.keyword": lambda c: c.event.inputs.get("keyword", ""),
+    "steps.profile.outputs.profile": lambda c: c.outputs.get("profile", {}).get("profile", ""),
+}
+
+
+def _files_exist(root: Path, pattern: str) -> bool:
+    return any(root.glob(pattern))
+
+
+#: Every ``if:`` of a step, and whether it holds here (None: the default, success()).
+CONDITIONS: dict[str, Callable[[Context, Path], bool]] = {
+    "github.event_name == 'pull_request' && env.AB_KEYWORD != ''": lambda c, _: (
+        c.event.name == "pull_request" and bool(c.env.get("AB_KEYWORD")) and not c.failed
+    ),
+    "always() && env.PUBLISH == 'true' && hashFiles('perf-history/**') != ''": lambda c, r: (
+        c.env.get("PUBLISH") == "true" and _files_exist(r, "perf-history/*/*.json")
+    ),
+    "always() && hashFiles('perf-results.json') != ''": lambda _, r: (r / "perf-results.json").exists(),
+}
+
+
+def expand(text: str, ctx: Context) -> str:
+    while "${{" in text:
+        start = text.index("${{")
+        end = text.index("}}", start)
+        expression = text[start + 3 : end].strip()
+        assert expression in EXPRESSIONS, f"the workflow uses ${{{{ {expression} }}}}: teach this test its value"
+        text = text[:start] + EXPRESSIONS[expression](ctx) + text[end + 2 :]
+    return text
+
+
+def run_job(repo: Path, workflow: Mapping[str, Any], job: str, event: Event, env: Mapping[str, str]) -> list[Step]:
+    """The job's ``run:`` steps, in order, with GitHub's semantics for ``if:`` and outputs."""
+    spec = workflow["jobs"][job]
+    ctx = Context(event, dict(env))
+    for scope in (workflow.get("env", {}), spec.get("env", {})):
+        ctx.env.update({k: expand(str(v), ctx) for k, v in scope.items()})
+    done: list[Step] = []
+    for index, step in enumerate(spec["steps"]):
+        if "run" not in step:
+            continue  # uses: the test does what these do
+        condition = step.get("if")
+        if condition is not None:
+            assert condition in CONDITIONS, f"the workflow's step if: {condition!r}: teach this test what it means"
+        if not (CONDITIONS[condition](ctx, repo) if condition else not ctx.failed):
+            continue
+        done.append(_run_step(repo, step, index, ctx))
+    return done
+
+
+def _run_step(repo: Path, step: Mapping[str, Any], index: int, ctx: Context) -> Step:
+    out = repo.parent / f"step-{index}.out"
+    out.write_text("")
+    env = {**ctx.env, **{k: expand(str(v), ctx) for k, v in step.get("env", {}).items()}}
+    env.update(GITHUB_OUTPUT=str(out), GITHUB_STEP_SUMMARY=str(repo.parent / "summary.md"), GITHUB_ACTIONS="true")
+    script = expand(step["run"], ctx)
+    done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    if "id" in step:
+        lines = [line.split("=", 1) for line in out.read_text().splitlines() if "=" in line]
+        ctx.outputs[step["id"]] = dict(lines)
+    ctx.failed |= done.returncode != 0
+    return Step(step.get("name", step["run"][:40]), done.returncode == 0, done.stdout + done.stderr)
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """perfsuite's wheel, built from this checkout: the runner's only source of perfsuite."""
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(folder), str(ROOT)], capture_output=True, text=True, check=False)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runner_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder standing for the runner's Python: this Python's base interpreter as ``python3`` on
+    PATH, whose site-packages (what --system-site-packages reaches) hold this environment's
+    packages but not perfsuite."""
+    root = tmp_path_factory.mktemp("runner")
+    site = root / "site-packages"
+    site.mkdir()
+    ours = Path(sysconfig.get_paths()["purelib"])
+    for entry in ours.iterdir():
+        if "perfsuite" not in entry.name.lower():
+            (site / entry.name).symlink_to(entry)
+    (root / "bin").mkdir()
+    (root / "bin" / "python3").symlink_to(Path(sys._base_executable).resolve())  # type: ignore[attr-defined]
+    return root
+
+
+@pytest.fixture
+def team(tmp_path: Path, runner_python: Path, wheelhouse: Path) -> tuple[Path, dict[str, str], dict[str, Any]]:
+    """A fresh clone of a team repository ``init`` set up, its remote, and the runner's environment."""
+    seed, remote, repo = tmp_path / "seed", tmp_path / "origin.git", tmp_path / "runner" / "repo"
+    git(tmp_path, "init", "-q", "-b", "main", str(seed))
+    init(seed, Model.parse(None), force=False)
+    git(seed, "add", "-A")
+    git(seed, "-c", "user.name=team", "-c", "user.email=team@example.com", "commit", "-q", "-m", "perfsuite init")
+    git(tmp_path, "clone", "-q", "--bare", str(seed), str(remote))
+    repo.parent.mkdir()
+    git(tmp_path, "clone", "-q", str(remote), str(repo))
+    _prepare_venv(repo / ".perf-venv", runner_python)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_"))}
+    env.update(PATH=f"{runner_python / 'bin'}:{os.environ['PATH']}", PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
+               PYTEST_ADDOPTS="--perf-op-profiles=off --perf-profile=cpu", GIT_AUTHOR_NAME="ci",
+               GIT_AUTHOR_EMAIL="ci@example.com", GIT_COMMITTER_NAME="ci", GIT_COMMITTER_EMAIL="ci@example.com")  # fmt: skip
+    env.pop("GITHUB_ACTIONS", None)
+    workflow = yaml.safe_load((repo / ".github" / "workflows" / "perf.yml").read_text())
+    return repo, env, {"workflow": workflow, "vars": {"PERFSUITE_WHEELHOUSE": str(wheelhouse)}}
+
+
+def _prepare_venv(venv: Path, runner_python: Path) -> None:
+    """The venv the install step makes (it keeps one that exists), made first so that a .pth adds the
+    runner's site-packages as --system-site-packages would. Without a pip of its own: Python 3.11's
+    ensurepip would also put its old setuptools in front of the runner's, which torch refuses."""
+    subprocess.run([str(runner_python / "bin" / "python3"), "-m", "venv", "--without-pip", str(venv)], check=True)
+    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    Path(purelib, "runner-system-site.pth").write_text(str(runner_python / "site-packages") + "\n")
+
+
+def job(team: tuple[Path, dict[str, str], dict[str, Any]], name: str, event: str, **inputs: str) -> list[Step]:
+    repo, env, spec = team
+    return run_job(repo, spec["workflow"], name, Event(event, inputs, spec["vars"]), env)
+
+
+def failed(steps: list[Step]) -> list[str]:
+    return [s.name for s in steps if not s.ok]
+
+
+def merge(repo: Path, message: str) -> None:
+    """What merging the record job's pull request does: its baselines on main."""
+    git(repo, "add", "baselines")
+    git(repo, "commit", "-q", "-m", message)
+    git(repo, "push", "-q", "origin", "main")
+
+
+def test_the_workflow_passes_actionlint_and_knows_every_expression(tmp_path: Path) -> None:
+    from test_workflows import lint
+
+    init(tmp_path, Model.parse(None), force=False)
+    path = tmp_path / ".github" / "workflows" / "perf.yml"
+    linted = lint(ROOT, path)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+    workflow = yaml.safe_load(path.read_text())
+    gate, record = workflow["jobs"]["gate"], workflow["jobs"]["record"]
+    assert "head.repo.full_name == github.repository" in gate["if"]  # forks never reach the runner
+    assert workflow["concurrency"]["group"] == "perf-${{ github.event.pull_request.number || github.run_id }}"
+    assert record["if"] == "github.event_name == 'workflow_dispatch'"
+    assert any(s.get("uses", "").startswith("peter-evans/create-pull-request") for s in record["steps"])
+    assert "contents" not in workflow["permissions"] or workflow["permissions"]["contents"] == "read"
+
+
+@pytest.mark.serial  # its green run must pass as measured: a neighbouring test's launches would be contention
+def test_a_fresh_runner_is_red_until_the_record_job_baselines_are_merged_then_green(team: Any) -> None:
+    repo = team[0]
+    first = job(team, "gate", "pull_request")
+    assert failed(first) == ["Profile"], [s.output[-2000:] for s in first]
+    said = first[-1].output
+    assert "::error title=perfsuite cpu: not judged::no baselines for profile cpu" in said
+    assert "record = bootstrap" in said
+    recorded = job(team, "record", "workflow_dispatch", record="update", keyword="")
+    assert failed(recorded) == [], [s.output[-3000:] for s in recorded]
+    assert (repo / "baselines" / "cpu" / "example.json").is_file()
+    merge(repo, "baselines of cpu")
+    green = job(team, "gate", "pull_request")
+    assert failed(green) == [], [s.output[-3000:] for s in green]
+    assert [s.name for s in green] == ["Install perfsuite", "Profile", "Gate", "Job summary and HTML report"]
+    assert (repo / "perf-report.html").is_file()
+
+
+@pytest.mark.slow  # ~2 min: tiers, a planted slowdown and the shared history, end to end
+def test_tiers_a_planted_slowdown_and_the_shared_history(team: Any) -> None:
+    repo = team[0]
+    tests = repo / "bench_tests" / "test_perf.py"
+    tests.write_text(tests.read_text().replace(
+        "\n]\n", '\n    Scenario("example", "ddp_fp32", MODEL, strategy="ddp", precision="fp32", tier="nightly", **SHAPE),\n]\n'
+    ))  # fmt: skip
+    git(repo, "commit", "-qam", "a nightly row")
+    recorded = job(team, "record", "workflow_dispatch", record="update", keyword="")
+    assert failed(recorded) == [], [s.output[-3000:] for s in recorded]
+    merge(repo, "baselines of cpu, both tiers")
+    nightly = job(team, "gate", "schedule")
+    assert failed(nightly) == [], [s.output[-6000:] for s in nightly if not s.ok]
+    on_branch = git(repo.parent.parent / "origin.git", "ls-tree", "-r", "--name-only", BRANCH).split()
+    assert len(on_branch) == 1 and on_branch[0].startswith("cpu/")
+    ran = json.loads((repo / "perf-results.json").read_text())
+    assert {r["id"] for r in ran["results"]} == {"example.ddp", "example.ddp_fp32"}
+
+    model = repo / "perf_models" / "example.py"
+    # A blocking host call in every block's forward (a tiny model's extra FLOPs drown in its overhead).
+    model.write_text(model.read_text().replace("        return x + self.mlp(self.norm(x))",
+                                               "        time.sleep(0.02)\n        return x + self.mlp(self.norm(x))"))  # fmt: skip
+    model.write_text("import time\n" + model.read_text())
+    git(repo, "commit", "-qam", "a slower block")
+    slowed = job(team, "gate", "pull_request")
+    assert failed(slowed) == ["Gate"], [s.output[-3000:] for s in slowed]
+    assert "example.ddp: regression" in next(s for s in slowed if s.name == "Gate").output
+    ran = json.loads((repo / "perf-results.json").read_text())
+    assert [r["id"] for r in ran["results"]] == ["example.ddp"]  # the pr tier only
