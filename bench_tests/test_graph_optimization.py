@@ -15,7 +15,7 @@ AMP runs fp16 autocast there.
 """
 
 from perfsuite import ModelSpec, Relation, Scenario, parametrize, parametrize_relations
-from perfsuite.workloads import Tier
+from perfsuite.spec.workloads import Tier
 
 BERT_BASE = ModelSpec("bert_cls", layers=12, hidden=768, heads=12, vocab=30522, max_positions=512)
 BERT_TINY = ModelSpec("bert_cls", layers=2, hidden=128, heads=2, vocab=8192, max_positions=128)

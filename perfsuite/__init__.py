@@ -15,15 +15,15 @@ Declare scenarios as data and test them with the ``perf`` fixture::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from perfsuite.engines import EngineOptions, EngineSpec, register_engine
-from perfsuite.metrics import Metric
-from perfsuite.metrics import register as register_metric
-from perfsuite.models import ModelSpec
-from perfsuite.profiles import HardwareProfile
-from perfsuite.relations import Relation, chain
-from perfsuite.workloads import (
+from perfsuite.spec.engines import EngineOptions, EngineSpec, register_engine
+from perfsuite.spec.metrics import Metric
+from perfsuite.spec.metrics import register as register_metric
+from perfsuite.spec.models import ModelSpec
+from perfsuite.spec.profiles import HardwareProfile
+from perfsuite.spec.relations import Relation, chain
+from perfsuite.spec.workloads import (
     BaseScenario,
     Collective,
     DeviceCopy,
@@ -32,6 +32,9 @@ from perfsuite.workloads import (
     ScenarioError,
     TrainerScenario,
 )
+
+if TYPE_CHECKING:
+    from perfsuite.rank.models.module import Recipe
 
 __all__ = [
     "BaseScenario",
@@ -43,6 +46,7 @@ __all__ = [
     "Metric",
     "Microbench",
     "ModelSpec",
+    "Recipe",
     "Relation",
     "Scenario",
     "ScenarioError",
@@ -71,3 +75,13 @@ def parametrize_relations(relations: Sequence[Relation]) -> Any:
     import pytest
 
     return pytest.mark.parametrize("relation", list(relations), ids=[r.id for r in relations])
+
+
+def __getattr__(name: str) -> Any:
+    """``Recipe``, what a team's build function returns, imports torch: it is resolved when a model module
+    asks for it (in a rank), so importing perfsuite in the pytest process never imports torch."""
+    if name == "Recipe":
+        from perfsuite.rank.models.module import Recipe
+
+        return Recipe
+    raise AttributeError(f"module 'perfsuite' has no attribute {name!r}")

@@ -1,27 +1,27 @@
 """Command line: ``python -m perfsuite calibrate|selftest|doctor|bootstrap|profile|history|report|summary|explain|init|ab-rev``.
 
 ``profile`` prints this machine's profile as the gate picks it, after the repository's
-conftest hooks (:mod:`perfsuite.collection`); ``doctor``, ``bootstrap`` and the workflow
+conftest hooks (:mod:`perfsuite.commands.collection`); ``doctor``, ``bootstrap`` and the workflow
 ``init`` writes use the same.
 
 ``explain`` prints, from a results file, why each regressed scenario got
 slower: its op profile against the one stored with its baseline
-(:mod:`perfsuite.explain`).
+(:mod:`perfsuite.judge.explain`).
 
 ``bootstrap`` makes this runner's profile ready to judge within a time budget
-(:mod:`perfsuite.bootstrap`).
+(:mod:`perfsuite.commands.bootstrap`).
 
 ``history`` shows a scenario's metric over the commits of a ``--perf-history``
-store with its change points (:mod:`perfsuite.exports.historycmd`); ``report``
+store with its change points (:mod:`perfsuite.commands.history`); ``report``
 renders a results file as one HTML page and ``summary`` as a text or markdown
-table (:mod:`perfsuite.htmlreport`).
+table (:mod:`perfsuite.reports.html`).
 
 ``doctor`` says whether this machine can run the suite: fingerprint and
 profile, which engines import and pass a 2-step smoke run, which scenarios
-would run or skip here and why (see :mod:`perfsuite.doctor`).
+would run or skip here and why (see :mod:`perfsuite.commands.doctor`).
 
 ``selftest --simulate`` computes the false-alarm and detection rates from measured variance
-components, in seconds (:mod:`perfsuite.simulate`). ``selftest`` proves the gate on this runner: it runs the selected scenarios
+components, in seconds (:mod:`perfsuite.judge.simulate`). ``selftest`` proves the gate on this runner: it runs the selected scenarios
 against their committed baselines ``--trials`` times at each planted slowdown
 (``--perf-inject-slowdown``, real extra device work per step) and prints how
 often the gate failed. The 0% row is the false-alarm rate.
@@ -33,7 +33,7 @@ sigma of the spread between launches), which later runs then use. It is
 profile and any further pytest arguments. A calibration on another machine of
 the profile is pooled with the ones the baseline holds; ``calibrate --pool
 FILE_OR_DIR...`` pools the baselines or results files brought from several
-runners without launching anything (:mod:`perfsuite.bootstrap.pool`).
+runners without launching anything (:mod:`perfsuite.commands.bootstrap.pool`).
 """
 
 from __future__ import annotations
@@ -46,12 +46,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from perfsuite import collection, explaincmd, revab, scaffold
-from perfsuite.bootstrap import pool
-from perfsuite.cliargs import at_least, duration, levels
-from perfsuite.exports import historycmd
-from perfsuite.files import atomic_write_json
-from perfsuite.htmlreport import cli as htmlreport_cli
+from perfsuite.commands import abrev as revab
+from perfsuite.commands import collection
+from perfsuite.commands import explain as explaincmd
+from perfsuite.commands import history as historycmd
+from perfsuite.commands import init as scaffold
+from perfsuite.commands import report as htmlreport_cli
+from perfsuite.commands.bootstrap import pool
+from perfsuite.commands.cliargs import at_least, duration, levels
+from perfsuite.spec.files import atomic_write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,8 +128,8 @@ def add_bootstrap_parser(commands: Any) -> None:
 
 
 def bootstrap(ns: argparse.Namespace, extra: list[str]) -> int:
-    from perfsuite.bootstrap.plan import Settings
-    from perfsuite.bootstrap.run import Options, run
+    from perfsuite.commands.bootstrap.plan import Settings
+    from perfsuite.commands.bootstrap.run import Options, run
 
     settings = Settings(repeats=ns.repeats, levels=ns.levels, trials=ns.trials)
     options = Options(ns.budget, ns.out.resolve(), ns.baselines.resolve(), tuple(ns.paths), ns.keyword, ns.profile,
@@ -237,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{ns.command}: unrecognized arguments: {' '.join(extra)}")
     if ns.command == "selftest":
         if ns.simulate:
-            from perfsuite.simulate.cli import run as simulate
+            from perfsuite.judge.simulate.cli import run as simulate
 
             if extra:
                 parser.error(f"selftest --simulate: unrecognized arguments: {' '.join(extra)}")
@@ -263,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command in htmlreport_cli.COMMANDS:
         return htmlreport_cli.run(ns)
     if ns.command == "doctor":
-        from perfsuite.doctor import run
+        from perfsuite.commands.doctor import run
 
         engines = ns.engines.split(",") if ns.engines else None
         return run(ns.paths, ns.keyword, engines, run_smoke=not ns.no_smoke, profile_name=ns.profile)

@@ -1,10 +1,10 @@
-"""Print the mermaid diagram of who imports whom in perfsuite (docs/design/architecture.md).
+"""Print the mermaid diagram of perfsuite's folders and who imports whom (docs/design/architecture.md).
 
 The graph is read from the source by the same code as tests/test_architecture.py
-(every import, function bodies too); a package stands for its modules, and the
-torch-free declarations both sides share are one box. The docs hold exactly
-this output (tests/test_architecture.py checks it), so after a change in the
-imports run:
+(every import, function bodies too); a folder of ``perfsuite/`` stands for its
+modules, and the two entry modules stand apart. The docs hold exactly this
+output (tests/test_architecture.py checks it), so after a change in the imports
+run:
 
     python scripts/architecture_diagram.py --write
 """
@@ -18,38 +18,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "design" / "architecture.md"
-#: Top-level modules and packages whose declarations both sides use: one box.
-SHARED = ("engines", "files", "layout", "metrics", "models", "nvmlcodes", "processor", "profiles", "protocol", "relations",
-          "validation", "workloads")  # fmt: skip
-#: Rank-side nodes besides whole packages.
-RANK_NODES = {
-    "models.build": "modelbuild",
-    "models.hf": "modelbuild",
-    "models.megatron_gpt": "modelbuild",
-    "models.materialise": "modelbuild",
-}
-RANK = ("modelbuild", "primitives", "strategies/", "worker/")
-ENTRY = {"plugin": "plugin (pytest11)", "__main__": "__main__ (CLI)", "": "perfsuite (public API)"}
-ENTRY_IDS = {"plugin": "plugin", "__main__": "cli", "": "api"}
+#: The entry modules, each a node of its own.
+ENTRY = {"perfsuite": ("api", "perfsuite (public API)"), "perfsuite.__main__": ("cli", "__main__ (CLI)")}
+#: The folders outside the pytest process's box: the ranks', and what both sides share.
+RANK, SHARED = "rank", "spec"
+#: The one arrow across the layers: the public API's Recipe, resolved in a rank only.
+LAZY = ("api", RANK)
 
 
 def node(module: str) -> str:
-    """The diagram node of a ``perfsuite.*`` module."""
-    rest = module.removeprefix("perfsuite").removeprefix(".")
-    if rest in ENTRY:
-        return ENTRY_IDS[rest]
-    for prefix, name in RANK_NODES.items():
-        if rest == prefix:
-            return name
-    top = rest.split(".")[0]
-    if top in SHARED:
-        return "shared"
-    is_package = (ROOT / "perfsuite" / top).is_dir()
-    return f"{top}/" if is_package else top
-
-
-def ident(name: str) -> str:
-    return name.rstrip("/").replace("/", "")
+    """The diagram node of a ``perfsuite`` module: its entry node, else its folder."""
+    if module in ENTRY:
+        return ENTRY[module][0]
+    return module.split(".")[1]
 
 
 def edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
@@ -58,29 +39,22 @@ def edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
         for target in targets:
             if target.startswith("perfsuite"):
                 a, b = node(source), node(target)
-                if a != b and b not in ENTRY_IDS.values():
+                if a != b:
                     found.add((a, b))
     return found
 
 
 def diagram(graph: dict[str, set[str]]) -> str:
-    nodes = {node(m) for m in graph}
-    pytest_side = sorted(n for n in nodes if n not in {*ENTRY_IDS.values(), "shared", *RANK})
-    shared = sorted({m.removeprefix("perfsuite.").split(".")[0] for m in graph if node(m) == "shared"})
-    shared_label = ", ".join(f"{s}/" if (ROOT / "perfsuite" / s).is_dir() else s for s in shared)
-    lines = ["```mermaid", "flowchart LR", '  subgraph entry["entry points"]']
-    lines += [f'    {ENTRY_IDS[k]}["{v}"]' for k, v in ENTRY.items()]
+    folders = sorted({node(m) for m in graph} - {n for n, _ in ENTRY.values()} - {RANK, SHARED})
+    lines = ["```mermaid", "flowchart TB", '  subgraph entry["entry points"]']
+    lines += [f'    {ident}["{label}"]' for ident, label in ENTRY.values()]
     lines += ["  end", '  subgraph pytestside["pytest process: torch-free"]']
-    lines += [f'    {ident(n)}["{n}"]' for n in pytest_side]
+    lines += [f'    {name}["{name}/"]' for name in folders]
+    lines += ["  end", '  subgraph ranks["ranks: torch"]', f'    {RANK}["{RANK}/"]', "  end"]
+    lines += [f'  {SHARED}["{SHARED}/: shared, torch-free"]']
     lines += [
-        "  end",
-        f'  shared["shared declarations, torch-free:<br/>{shared_label}"]',
-        '  subgraph rank["ranks: torch"]',
+        f"  {a} -.->|Recipe, lazily| {b}" if (a, b) == LAZY else f"  {a} --> {b}" for a, b in sorted(edges(graph))
     ]
-    labels = {"modelbuild": "models/build, hf, megatron_gpt, materialise"}
-    lines += [f'    {ident(n)}["{labels.get(n, n)}"]' for n in RANK]
-    lines += ["  end"]
-    lines += [f"  {ident(a)} --> {ident(b)}" for a, b in sorted(edges(graph), key=lambda e: (ident(e[0]), ident(e[1])))]
     return "\n".join([*lines, "```"])
 
 

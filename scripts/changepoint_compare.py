@@ -1,6 +1,6 @@
 """Compare change-point detectors on perfsuite-like metric histories (docs/design/changepoint.md).
 
-Detectors: perfsuite's own e-divisive (``perfsuite/exports/changepoint.py``),
+Detectors: perfsuite's own e-divisive (``perfsuite/reports/exports/changepoint.py``),
 MongoDB's ``signal-processing-algorithms`` (SPA) and Apache Otava. The two
 libraries cannot be installed beside perfsuite's stack (their numpy pins), so
 each runs in a virtual environment of its own under ``--venvs`` (created on the
@@ -130,7 +130,7 @@ def detector(name: str) -> Callable[[list[float]], list[int]]:
     """The detector as values -> sorted change-point indices; imports only what it needs."""
     if name == "perfsuite":
         # The module file itself: importing the perfsuite package would load torch.
-        spec = importlib.util.spec_from_file_location("changepoint", ROOT / "perfsuite/exports/changepoint.py")
+        spec = importlib.util.spec_from_file_location("changepoint", ROOT / "perfsuite/reports/exports/changepoint.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules["changepoint"] = module  # dataclasses look their module up

@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from perfsuite.launch.torchrun import free_ports
-from perfsuite.protocol import RANK_PROCESS_PREFIX
+from perfsuite.spec.protocol import RANK_PROCESS_PREFIX
 
 PREFIX = "pst"  # names of this module's namespaces: pst<pid>a, pst<pid>b
 INSTALL = "as root: bash scripts/system-packages.sh"
@@ -379,7 +379,7 @@ def module_processes(marker: Path, module: str) -> list[psutil.Process]:
     ranks left out (conftest.rank_processes finds those).
 
     The interpreter's own ``-m`` counts, not a later one: a torchrun agent's
-    command line ends in ``-m perfsuite.worker`` too. A rank forked from its
+    command line ends in ``-m perfsuite.rank.worker`` too. A rank forked from its
     agent has the agent's command line, so ranks are told apart by name.
     """
     found = []

@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
-from perfsuite.protocol import RANK_PROCESS_PREFIX
+from perfsuite.spec.protocol import RANK_PROCESS_PREFIX
 
 pytest_plugins = ["pytester"]
 
@@ -20,7 +20,7 @@ pytest_plugins = ["pytester"]
 @pytest.fixture(autouse=True)
 def _outside_github_actions(monkeypatch: pytest.MonkeyPatch) -> None:
     """CI on GitHub sets GITHUB_ACTIONS=true: the self-tests' runs would print the plugin's
-    annotations (perfsuite.exports.github) as if their planted regressions were the repository's."""
+    annotations (perfsuite.reports.exports.github) as if their planted regressions were the repository's."""
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
 
 
@@ -56,7 +56,7 @@ TINY_SHAPE = "world_size=2, micro_batch=8, global_batch=16, seq_len=32, warmup_s
 JUDGE_UNDER_CONTENTION = textwrap.dedent(
     """
     from dataclasses import replace
-    from perfsuite.profiles import BUILTIN_PROFILES
+    from perfsuite.spec.profiles import BUILTIN_PROFILES
 
     def pytest_perfsuite_profiles():
         cpu = BUILTIN_PROFILES["cpu"]

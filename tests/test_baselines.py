@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from perfsuite.baselines import BaselineError, BaselineStore, load_group_file
-from perfsuite.report import ResultsWriteError, write_results
+from perfsuite.reports.summary import ResultsWriteError, write_results
+from perfsuite.store.baselines import BaselineError, BaselineStore, load_group_file
 
 METRICS = {"samples_per_s": {"mean": 10.0, "std": 0.5, "n": 5}, "peak_mem_mib": 100.0}
 
@@ -154,7 +154,7 @@ def test_a_full_disk_leaves_the_old_results_file_intact(tiny_disk: Path) -> None
 def test_every_committed_baseline_and_estimates_file_loads() -> None:
     """What sessions committed (cpu, GPU profiles, named environments) is valid,
     so no scenario of a profile fails on a broken group file."""
-    from perfsuite.bootstrap.costs import FILENAME, Costs
+    from perfsuite.commands.bootstrap.costs import FILENAME, Costs
 
     root = Path(__file__).parents[1] / "baselines"
     groups = [p for p in root.glob("*/*.json") if p.name != FILENAME]

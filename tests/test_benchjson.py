@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 
-from perfsuite.exports import benchjson
-from perfsuite.exports.history import load, series
-from perfsuite.exports.vcs import Commit
+from perfsuite.reports.exports import benchjson
+from perfsuite.reports.exports.history import load, series
+from perfsuite.store.vcs import Commit
 
 PB_UTILS = pytest.importorskip(
     "pytest_benchmark.utils", reason="needs pytest-benchmark: pip install 'pytest-benchmark[histogram]>=4'"

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from conftest import FAKE_NVML
 
-from perfsuite.bootstrap import run as run_module
-from perfsuite.bootstrap.costs import DEFAULT_LAUNCH_S, Costs, CostsError
-from perfsuite.bootstrap.plan import Done, Plan, Settings, Step, Target, make_plan, rounds
-from perfsuite.bootstrap.run import Budget
-from perfsuite.bootstrap.state import State, StepRecord
-from perfsuite.bootstrap.steps import Context, judge, run_logged, selftest_left, selftest_step
-from perfsuite.cliargs import parse_duration
+from perfsuite.commands.bootstrap import run as run_module
+from perfsuite.commands.bootstrap.costs import DEFAULT_LAUNCH_S, Costs, CostsError
+from perfsuite.commands.bootstrap.plan import Done, Plan, Settings, Step, Target, make_plan, rounds
+from perfsuite.commands.bootstrap.run import Budget
+from perfsuite.commands.bootstrap.state import State, StepRecord
+from perfsuite.commands.bootstrap.steps import Context, judge, run_logged, selftest_left, selftest_step
+from perfsuite.commands.cliargs import parse_duration
 
 ROOT = Path(__file__).parents[1]
 H100 = "NVIDIA H100 80GB HBM3"

@@ -2,15 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from perfsuite.baselines import BaselineEntry
-from perfsuite.compare import (
+from perfsuite.judge.compare import (
     MetricCheck,
     check_metric,
     judge_metrics,
     judge_outcome,
     resolve_tolerances,
 )
-from perfsuite.stats import ScenarioMetrics, Summary
+from perfsuite.judge.stats import ScenarioMetrics, Summary
+from perfsuite.store.baselines import BaselineEntry
 
 
 def metrics(throughput: float, peak: float, state: int = 1000) -> ScenarioMetrics:

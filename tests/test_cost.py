@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from conftest import CPU_PROFILE, TINY
 
-from perfsuite.cost import Job, cost_of, estimate, ranking
+from perfsuite.reports.cost import Job, cost_of, estimate, ranking
 
 V100 = {"world_size": 4, "global_batch": 128, "steps": 10}
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from perfsuite import gate, quarantine
-from perfsuite.contention import Contention, Quiet, wait_for_quiet
-from perfsuite.coverage import Outcome, coverage_of
+from perfsuite.judge.contention import Contention, Quiet, wait_for_quiet
+from perfsuite.judge.coverage import Outcome, coverage_of
+from perfsuite.plugin import exitstatus as gate
+from perfsuite.store import quarantine
 from tests.test_contention import busy
 from tests.test_verdicts import SCENARIO, SLOW, STEADY, FakeLauncher, record, session
 

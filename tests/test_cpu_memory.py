@@ -25,7 +25,7 @@ PROGRAM = textwrap.dedent(
     """
     import json, mmap, sys
     import torch
-    from perfsuite.worker.memory import MemoryTracker
+    from perfsuite.rank.worker.memory import MemoryTracker
 
     MIB = 2 ** 20
     path, size = sys.argv[1], int(sys.argv[2]) * MIB

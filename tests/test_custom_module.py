@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import record_team, require
 
-from perfsuite.models import ModelSpec, probe
-from perfsuite.protocol import COUNTED_FLOPS
-from perfsuite.validation import ScenarioError
+from perfsuite.spec.models import ModelSpec, probe
+from perfsuite.spec.protocol import COUNTED_FLOPS
+from perfsuite.spec.validation import ScenarioError
 
 #: A team's package: blocks in a ModuleList (FSDP2 shards them one by one), a regression loss,
 #: and a custom step that runs the model twice (a consistency loss).
@@ -26,7 +26,7 @@ TEAM_MODELS = textwrap.dedent(
     import torch.nn.functional as F
     from torch import nn
 
-    from perfsuite.models.module import Recipe
+    from perfsuite.rank.models.module import Recipe
 
 
     class Net(nn.Module):
@@ -86,7 +86,12 @@ def test_a_module_reference_is_checked_by_building_it_on_meta(team_package: Path
         ("teampkg.models.build", {}, "source", "must be 'package.module:function'"),
         ("teampkg.nowhere:build", {}, "source", "cannot be imported: ModuleNotFoundError"),
         ("teampkg.models:biuld", {}, "source", "names no function: module 'teampkg.models' has no callable 'biuld'"),
-        ("teampkg.models:not_a_recipe", {}, "source", "must return a perfsuite.models.module.Recipe, returned Net"),
+        (
+            "teampkg.models:not_a_recipe",
+            {},
+            "source",
+            "must return a perfsuite.rank.models.module.Recipe, returned Net",
+        ),
         ("teampkg.models:build", {"widht": 8}, "source", "failed to build on the meta device: TypeError"),
     ],
 )
@@ -168,7 +173,7 @@ def test_a_rank_decodes_its_job_without_building_in_a_child_interpreter(team_pac
     # its job must not pay another child interpreter (3-4 s a rank). A reference the rank cannot
     # import decodes, and fails where the rank builds it.
     from perfsuite import Scenario
-    from perfsuite.protocol import RankJob
+    from perfsuite.spec.protocol import RankJob
 
     scenario = Scenario("team", "x", ModelSpec.module("teampkg.models:build"), world_size=2, micro_batch=2,
                         global_batch=4, seq_len=16)  # fmt: skip

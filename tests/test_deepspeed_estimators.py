@@ -34,7 +34,7 @@ import pytest
 from perfsuite import ModelSpec, Scenario
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.torchrun import LocalTorchrun
-from perfsuite.protocol import RankJob
+from perfsuite.spec.protocol import RankJob
 
 WORLD = 2
 # Many small layers, small vocab: ZeRO-1/2 keep the whole gradient of every
@@ -94,7 +94,7 @@ def estimator_gpu_bytes(monkeypatch: pytest.MonkeyPatch, module: ModuleType, nam
 
 
 def built_model() -> Any:
-    from perfsuite.models.build import build_model
+    from perfsuite.rank.models.build import build_model
 
     return build_model(MODEL)
 

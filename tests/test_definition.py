@@ -8,9 +8,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from perfsuite import definition
-from perfsuite.compare import FAILING
-from perfsuite.coverage import Outcome, coverage_of
+from perfsuite.judge import definition
+from perfsuite.judge.compare import FAILING
+from perfsuite.judge.coverage import Outcome, coverage_of
 from tests.test_verdicts import SCENARIO, STEADY, record, session
 
 

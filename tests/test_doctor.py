@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import CPU_PROFILE, FAKE_NVML
 
-from perfsuite import doctor
-from perfsuite.engines import EngineSpec
-from perfsuite.profiles import CPU
+from perfsuite.commands import doctor
+from perfsuite.spec.engines import EngineSpec
+from perfsuite.spec.profiles import CPU
 
 BENCH = str(Path(__file__).parents[1] / "bench_tests")
 
@@ -52,7 +52,7 @@ def test_the_cpu_pin_wins_over_the_gpus_present(pytester: pytest.Pytester, monke
 
 
 FAULTS = """
-from perfsuite.strategies.ddp import DDPStrategy
+from perfsuite.rank.strategies.ddp import DDPStrategy
 
 class Broken(DDPStrategy):
     def setup(self, model):

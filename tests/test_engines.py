@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from perfsuite import ModelSpec, Scenario, ScenarioError
-from perfsuite.engines import ENGINES, EngineSpec, OptionError, ZeroOptions, engine_spec
-from perfsuite.fingerprint import tracked_packages
+from perfsuite.launch.fingerprint import tracked_packages
+from perfsuite.spec.engines import ENGINES, EngineSpec, OptionError, ZeroOptions, engine_spec
 
 GPT = ModelSpec("megatron_gpt", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
 MODULE = """
@@ -105,7 +105,7 @@ def test_options_reach_the_ranks_typed() -> None:
     scenario = make("deepspeed_zero", {"stage": 3, "param_persistence_threshold": 0})
     spec = scenario.rank_spec()
     assert spec.engine_options() == ZeroOptions(stage=3, param_persistence_threshold=0)
-    assert spec.implementation == "perfsuite.strategies.deepspeed_zero:DeepSpeedZeroStrategy"
+    assert spec.implementation == "perfsuite.rank.strategies.deepspeed_zero:DeepSpeedZeroStrategy"
 
 
 def test_cuda_only_and_missing_engines_say_why_before_launch() -> None:

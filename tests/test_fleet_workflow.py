@@ -32,7 +32,7 @@ import pytest
 import yaml
 from test_workflows import ROOT
 
-from perfsuite.scaffold import Model, init
+from perfsuite.commands.init import Model, init
 
 BRANCH = "perf-history"
 

@@ -1,5 +1,5 @@
 """Counted FLOPs (torch's FlopCounterMode over a real training step) against the
-analytic formula perfsuite uses for MFU (:mod:`perfsuite.flops`), per family:
+analytic formula perfsuite uses for MFU (:mod:`perfsuite.judge.flops`), per family:
 they must agree within 5%. The difference that remains is what the formula
 leaves out on purpose (BERT's masked-LM transform, biases) and what the
 counter does not see."""
@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from perfsuite import ModelSpec, Scenario  # noqa: E402
-from perfsuite.flops import flops_per_iteration  # noqa: E402
-from perfsuite.models.build import build_model, synthetic_batch  # noqa: E402
-from perfsuite.worker.flopcount import counted_flops  # noqa: E402
+from perfsuite.judge.flops import flops_per_iteration  # noqa: E402
+from perfsuite.rank.models.build import build_model, synthetic_batch  # noqa: E402
+from perfsuite.rank.worker.flopcount import counted_flops  # noqa: E402
 
 SHAPE = {"layers": 2, "hidden": 128, "heads": 4, "vocab": 1024, "max_positions": 64}
 FAMILIES = ["bert", "bert_pretraining", "bert_cls", "gpt2", "megatron_gpt"]

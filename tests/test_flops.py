@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfsuite.flops import COUNTED, FORMULA, flops_per_iteration, gpu_peak, mfu, of_peak
-from perfsuite.models import CLASSIFICATION_LABELS, NEXT_SENTENCE_LABELS
+from perfsuite.judge.flops import COUNTED, FORMULA, flops_per_iteration, gpu_peak, mfu, of_peak
+from perfsuite.spec.models import CLASSIFICATION_LABELS, NEXT_SENTENCE_LABELS
 
 GPT_1_3B = {
     "model": {"layers": 24, "hidden": 2048, "vocab": 50304},
@@ -97,7 +97,7 @@ def test_each_sku_gets_its_own_datasheet_peak(nvml_name: str, sku: str, fp16: fl
 
 def test_unknown_gpu_or_precision_says_why_and_a_profile_can_supply_the_peak() -> None:
     unknown = mfu(GPT_1_3B, 1.0, "NVIDIA Future GPU")
-    assert unknown["value"] is None and "GPU not in perfsuite.flops.PEAKS" in unknown["note"]
+    assert unknown["value"] is None and "GPU not in perfsuite.judge.flops.PEAKS" in unknown["note"]
     v100_bf16 = mfu({**GPT_1_3B, "precision": "bf16"}, 1.0, "Tesla V100-SXM2-32GB")
     assert v100_bf16["value"] is None and "no bf16 datasheet peak" in v100_bf16["note"]
     supplied = mfu(GPT_1_3B, 1.0, "NVIDIA Future GPU", peaks={"fp16": 500.0})

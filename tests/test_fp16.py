@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 
-from perfsuite.primitives import Precision
+from perfsuite.rank.primitives import Precision
 
 
 def test_the_scaler_reports_a_skipped_step() -> None:
@@ -26,7 +26,7 @@ def test_the_scaler_reports_a_skipped_step() -> None:
 
 FAULTS = """
 import torch
-from perfsuite.strategies.ddp import DDPStrategy
+from perfsuite.rank.strategies.ddp import DDPStrategy
 
 class Overflow(DDPStrategy):
     '''Every third step, gradients overflow, as an fp16 run's occasionally do.'''

@@ -12,11 +12,11 @@ import pytest
 
 from bench_tests import test_model_state_sharding as a2
 from bench_tests import test_parallel_3d as a3
-from perfsuite.compare import Judgement
-from perfsuite.profiles import CPU, gpu_profile
-from perfsuite.relations import Relation, evaluate
-from perfsuite.stats import ScenarioMetrics, Summary
-from perfsuite.workloads import BaseScenario
+from perfsuite.judge.compare import Judgement
+from perfsuite.judge.stats import ScenarioMetrics, Summary
+from perfsuite.spec.profiles import CPU, gpu_profile
+from perfsuite.spec.relations import Relation, evaluate
+from perfsuite.spec.workloads import BaseScenario
 
 H100 = gpu_profile("nvidia-h100-80gb-hbm3-x4")
 #: Seed A2 (samples/s) and A3 (samples/s, peak MB), by scenario id.

@@ -16,8 +16,8 @@ import torch
 from conftest import CPU_PROFILE
 
 from perfsuite import ModelSpec, Scenario, ScenarioError
-from perfsuite.worker import graph
-from perfsuite.worker.graph import CompileWatch
+from perfsuite.rank.worker import graph
+from perfsuite.rank.worker.graph import CompileWatch
 
 TINY = ModelSpec("bert_cls", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
 
@@ -107,7 +107,7 @@ def test_an_ort_row_skips_naming_make_env_ort_where_ortmodule_cannot_run(pyteste
 # TORCHINDUCTOR_CACHE_DIR to torch's /tmp default unless it is already set.
 _RANK_START = """
 import sys
-from perfsuite.worker import __main__ as rank
+from perfsuite.rank.worker import __main__ as rank
 
 class StopAtTheJob:
     @staticmethod

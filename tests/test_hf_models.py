@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import CPU_PROFILE, record_team, require, team_gate
 
-from perfsuite import models
-from perfsuite.models import ModelSpec
-from perfsuite.protocol import COUNTED_FLOPS
-from perfsuite.validation import ScenarioError
+from perfsuite.spec import models
+from perfsuite.spec.models import ModelSpec
+from perfsuite.spec.protocol import COUNTED_FLOPS
+from perfsuite.spec.validation import ScenarioError
 
 SHAPE = dict(layers=2, hidden=64, heads=4, vocab=512, ffn=128, max_positions=64)
 
@@ -65,7 +65,7 @@ def test_a_config_json_whose_key_names_cannot_be_asked_fails_collection(
 def test_a_decoder_only_classifier_trains_a_batch_of_several_rows() -> None:
     # Llama defines no pad token; its classification head needs one to find each row's last token.
     torch = pytest.importorskip("torch")
-    from perfsuite.models.hf import auto
+    from perfsuite.rank.models.hf import auto
 
     llama = auto(ModelSpec.hf("llama", "classification", **SHAPE))
     out = llama(input_ids=torch.randint(1, 512, (4, 16)), labels=torch.tensor([0, 1, 0, 1]))

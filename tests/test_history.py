@@ -14,9 +14,9 @@ import pytest
 from conftest import CPU_PROFILE
 
 from perfsuite.__main__ import main
-from perfsuite.exports.changepoint import e_divisive
-from perfsuite.exports.history import Point, change_points, load, record, series
-from perfsuite.exports.vcs import Commit, current_commit
+from perfsuite.reports.exports.changepoint import e_divisive
+from perfsuite.reports.exports.history import Point, change_points, load, record, series
+from perfsuite.store.vcs import Commit, current_commit
 
 START = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
 SCENARIO = "tiny.fp32"

@@ -26,10 +26,10 @@ import pytest
 from conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 
 from perfsuite.__main__ import main
-from perfsuite.compare import FAILING
-from perfsuite.coverage import Outcome, coverage_of
-from perfsuite.htmlreport import results as res
-from perfsuite.htmlreport import summary
+from perfsuite.judge.compare import FAILING
+from perfsuite.judge.coverage import Outcome, coverage_of
+from perfsuite.reports.html import results as res
+from perfsuite.reports.html import summary
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -137,7 +137,7 @@ def test_report_without_matplotlib_names_the_extra(
 ) -> None:
     path = tmp_path / "results.json"
     path.write_text(json.dumps(document()))
-    for module in ("perfsuite.htmlreport.page", "perfsuite.htmlreport.plots"):
+    for module in ("perfsuite.reports.html.page", "perfsuite.reports.html.plots"):
         monkeypatch.delitem(sys.modules, module, raising=False)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     assert main(["report", str(path), "-o", str(tmp_path / "page.html")]) == 2
@@ -166,7 +166,7 @@ def test_primary_metric_is_the_kinds_own(config: dict[str, Any], checks: list[An
 
 def test_baseline_band_is_the_baseline_rate_as_step_times() -> None:
     pytest.importorskip("matplotlib", reason="the report extra: pip install 'perfsuite[report]'")
-    from perfsuite.htmlreport.plots import baseline_band
+    from perfsuite.reports.html.plots import baseline_band
 
     # 8 samples a step at 80 samples/s; baseline 100 +/- 10, 40% tolerance.
     at, fast, slow, limit = baseline_band(judged("mp.fp32", "pass", 80.0, 100.0))
@@ -277,8 +277,8 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
 
 def record_history(directory: Path, results: dict[str, Any], shift_at: int, runs: int) -> None:
     """``runs`` copies of ``results`` in a history, samples/s 30% lower from run ``shift_at`` on."""
-    from perfsuite.exports.history import record
-    from perfsuite.exports.vcs import Commit
+    from perfsuite.reports.exports.history import record
+    from perfsuite.store.vcs import Commit
 
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
     for i in range(runs):
@@ -349,7 +349,7 @@ def priced(document: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_cost_tables_show_each_configurations_price_and_job_estimate() -> None:
-    from perfsuite.htmlreport import efficiency
+    from perfsuite.reports.html import efficiency
 
     (group,) = efficiency.cost_groups(priced(document()))
     assert group.group == "mp" and group.columns[-2:] == efficiency.JOB_COLUMNS
@@ -359,7 +359,7 @@ def test_cost_tables_show_each_configurations_price_and_job_estimate() -> None:
 
 
 def test_without_a_price_or_job_the_cost_table_has_times_only() -> None:
-    from perfsuite.htmlreport import efficiency
+    from perfsuite.reports.html import efficiency
 
     doc = document()
     doc["ranking"] = {"mp": {"by_cost": [], "by_time": [{"id": "mp.fp32", "samples_per_s": 80.0},
@@ -370,7 +370,7 @@ def test_without_a_price_or_job_the_cost_table_has_times_only() -> None:
 
 
 def test_ceilings_and_achieved_tflops_are_tabulated_with_their_formula() -> None:
-    from perfsuite.htmlreport import efficiency
+    from perfsuite.reports.html import efficiency
 
     doc = priced(document())
     assert efficiency.ceilings(doc) == [("bf16", "2", "microbench.matmul_bf16")]
@@ -381,7 +381,7 @@ def test_ceilings_and_achieved_tflops_are_tabulated_with_their_formula() -> None
 
 def test_the_page_has_the_cost_and_hardware_sections() -> None:
     pytest.importorskip("matplotlib", reason="the report extra: pip install 'perfsuite[report]'")
-    from perfsuite.htmlreport.page import render
+    from perfsuite.reports.html.page import render
 
     text = render(priced(document()), "results.json")
     assert 'id="cost"' in text and "Cheapest first: mp.fp32 &lt; mp.amp" in text and "0.1508 CNY" in text

@@ -15,8 +15,8 @@ import pytest
 from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION, require
 from test_workflows import ROOT, lint
 
-from perfsuite.scaffold import RECORD, Model, init, install, render
-from perfsuite.scaffold.install import how_installed
+from perfsuite.commands.init import RECORD, Model, init, install, render
+from perfsuite.commands.init.install import how_installed
 
 
 def perfsuite(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:

@@ -10,9 +10,9 @@ from perfsuite import ModelSpec, Scenario, ScenarioError
 from perfsuite.launch.base import WorkerJob, classify
 from perfsuite.launch.slurm import SlurmLauncher, first_host, rdzv_port, topology_from_env
 from perfsuite.launch.torchrun import Topology, TopologyError, TorchrunLauncher, free_ports
-from perfsuite.profiles import CPU, CUDA_32GB, HardwareProfile, ProfileError
-from perfsuite.protocol import RankJob
-from perfsuite.worker.agent import forked_ranks
+from perfsuite.rank.worker.agent import forked_ranks
+from perfsuite.spec.profiles import CPU, CUDA_32GB, HardwareProfile, ProfileError
+from perfsuite.spec.protocol import RankJob
 
 
 def rank_job(tmp_path: Path, world: int) -> RankJob:
@@ -58,7 +58,7 @@ def test_slurm_starts_one_torchrun_agent_per_node(tmp_path: Path) -> None:
     assert cmd[5:7] == ["bash", "-c"]
     inner = cmd[7]
     words = shlex.split(inner)
-    assert words[1:3] == ["-m", "perfsuite.worker.agent"]
+    assert words[1:3] == ["-m", "perfsuite.rank.worker.agent"]
     for flag, value in (
         ("--nnodes", "2"),
         ("--nproc-per-node", "8"),
@@ -69,7 +69,7 @@ def test_slurm_starts_one_torchrun_agent_per_node(tmp_path: Path) -> None:
         assert words[words.index(flag) + 1] == value
     # Each node's agent logs under logs/node<SLURM_NODEID>, expanded on that node.
     assert f'"{tmp_path / "logs" / "node"}$SLURM_NODEID"' in inner
-    assert words[-3:] == ["-m", "perfsuite.worker", str(job.spec_path)]
+    assert words[-3:] == ["-m", "perfsuite.rank.worker", str(job.spec_path)]
 
 
 def test_ranks_fork_on_cpu_and_exec_on_cuda_unless_the_profile_says() -> None:
@@ -83,7 +83,7 @@ def test_ranks_fork_on_cpu_and_exec_on_cuda_unless_the_profile_says() -> None:
 def test_the_agent_is_asked_to_fork_only_for_forked_ranks(tmp_path: Path, start: str) -> None:
     job = WorkerJob(rank_job(tmp_path, 2), 2, 60, tmp_path, rank_start=start)  # type: ignore[arg-type]
     (cmd,) = TorchrunLauncher().commands(job, "127.0.0.1:1234", "run1")
-    assert cmd[-3:] == ["-m", "perfsuite.worker", str(job.spec_path)]
+    assert cmd[-3:] == ["-m", "perfsuite.rank.worker", str(job.spec_path)]
     assert ("--start-method" in cmd) == (start == "fork")
     if start == "fork":
         assert cmd[cmd.index("--start-method") + 1] == "fork"
@@ -92,7 +92,7 @@ def test_the_agent_is_asked_to_fork_only_for_forked_ranks(tmp_path: Path, start:
 def test_the_agent_runs_the_worker_file_in_its_forks() -> None:
     """torchrun runs a ``-m`` module as a new interpreter whatever the start
     method, so the agent turns it into ``--run-path`` on the worker's file."""
-    tail = ["-m", "perfsuite.worker", "job.json"]
+    tail = ["-m", "perfsuite.rank.worker", "job.json"]
     for fork in (["--start-method", "fork"], ["--start-method=fork"]):
         argv = forked_ranks(["--nnodes", "1", *fork, *tail])
         assert argv[:-2] == ["--nnodes", "1", *fork, "--run-path"]
@@ -103,7 +103,7 @@ def test_the_agent_runs_the_worker_file_in_its_forks() -> None:
 
 
 EXEC_CONFTEST = """
-from perfsuite.profiles import HardwareProfile
+from perfsuite.spec.profiles import HardwareProfile
 
 def pytest_perfsuite_profiles():
     return [HardwareProfile("cpu-exec", "cpu", rank_start="exec", aliases=("cpu",))]
@@ -239,8 +239,8 @@ def test_emulated_nodes_on_one_gpu_host_get_disjoint_gpus(tmp_path: Path) -> Non
 
 
 def test_emulated_nodes_share_the_host_gpus_and_refuse_before_launch() -> None:
-    from perfsuite.fitting import launch_precondition
-    from perfsuite.profiles import gpu_profile
+    from perfsuite.gate.fitting import launch_precondition
+    from perfsuite.spec.profiles import gpu_profile
 
     scenario = Scenario("g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=1,
                         global_batch=2, seq_len=16)  # fmt: skip
@@ -262,14 +262,15 @@ def test_a_hung_forked_rank_is_shown_where_it_hangs_not_where_its_agent_forked(t
     agent = [(f"/py/torch/distributed/elastic/agent{i}.py", "run") for i in range(30)]
     stacks = {
         0: dump(
-            ("/py/torch/distributed/distributed_c10d.py", "all_reduce"), ("/src/perfsuite/worker/loop.py", "measure")
+            ("/py/torch/distributed/distributed_c10d.py", "all_reduce"),
+            ("/src/perfsuite/rank/worker/loop.py", "measure"),
         ),
-        1: dump(("/proj/faults.py", "forward_backward"), ("/src/perfsuite/worker/loop.py", "measure"), *agent),
+        1: dump(("/proj/faults.py", "forward_backward"), ("/src/perfsuite/rank/worker/loop.py", "measure"), *agent),
     }
     for rank, main in stacks.items():
         log = tmp_path / "logs" / "node0" / "run" / "attempt_0" / str(rank) / "stderr.log"
         log.parent.mkdir(parents=True)
-        watchdog = dump(("/usr/lib/python3/threading.py", "wait"), ("/src/perfsuite/worker/watchdog.py", "watch"))
+        watchdog = dump(("/usr/lib/python3/threading.py", "wait"), ("/src/perfsuite/rank/worker/watchdog.py", "watch"))
         log.write_text(
             f"Thread 0x00007f01 (most recent call first):\n{watchdog}\n\n"
             f"Current thread 0x00007f00 (most recent call first):\n{main}\n"

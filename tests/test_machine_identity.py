@@ -18,13 +18,13 @@ import pytest
 from conftest import FAKE_NVML
 from test_verdicts import SCENARIO, SLOW, STEADY, FakeLauncher
 
-from perfsuite import processor as processors
-from perfsuite.coverage import Outcome, coverage_of
-from perfsuite.fingerprint import machine_fingerprint
+from perfsuite.gate.session import PerfSession, RunSettings
+from perfsuite.judge.coverage import Outcome, coverage_of
 from perfsuite.launch import devicelock
 from perfsuite.launch.devicelock import DeviceBusy
-from perfsuite.profiles import CPU, gpu_profile
-from perfsuite.session import PerfSession, RunSettings
+from perfsuite.launch.fingerprint import machine_fingerprint
+from perfsuite.spec import processor as processors
+from perfsuite.spec.profiles import CPU, gpu_profile
 
 #: Another processor: a Sapphire Rapids VM, with AVX-512 bf16 and AMX (a /proc/cpuinfo excerpt).
 SAPPHIRE_RAPIDS = textwrap.dedent(
@@ -260,7 +260,7 @@ def test_the_gpu_lock_is_the_cards_uuid_whatever_index_a_container_gives_it(
 
 
 def test_the_lock_folder_comes_from_the_option_then_the_ini(pytester: pytest.Pytester) -> None:
-    from perfsuite import options
+    from perfsuite.plugin import options
 
     pytester.makeini("[pytest]\nperf_lock_dir = /mnt/host-locks\n")
     assert options.lock_dir(pytester.parseconfig()) == Path("/mnt/host-locks")
@@ -294,7 +294,7 @@ def test_a_straggler_rank_is_judged_whichever_processor_recorded_the_baseline(
 def test_cards_are_matched_by_uuid_and_an_old_baseline_says_their_identity_is_unknown(
     fake_nvml: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perfsuite import identity
+    from perfsuite.launch import identity
 
     monkeypatch.setenv("FAKE_NVML_UUIDS", CARDS_A)
     recorded = machine_fingerprint()
@@ -324,10 +324,10 @@ def test_selftest_refuses_baselines_from_another_processor(tmp_path: Path) -> No
 
 
 def test_bootstrap_records_again_what_another_processor_recorded(tmp_path: Path, here: dict[str, Any]) -> None:
-    from perfsuite.baselines import BaselineStore
-    from perfsuite.bootstrap.plan import Target
-    from perfsuite.bootstrap.run import usable
-    from perfsuite.bootstrap.state import done_in
+    from perfsuite.commands.bootstrap.plan import Target
+    from perfsuite.commands.bootstrap.run import usable
+    from perfsuite.commands.bootstrap.state import done_in
+    from perfsuite.store.baselines import BaselineStore
 
     judged(tmp_path, here, [STEADY], update_baselines=True)
     targets = [Target(SCENARIO.id, "g", "nodeid", "train", 2, "shape")]

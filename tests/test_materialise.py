@@ -1,5 +1,5 @@
 """Models built where they will live (issue 38): on the meta device, then given storage and
-the model's own initialisation (perfsuite.models.materialise). Rank side, one process."""
+the model's own initialisation (perfsuite.rank.models.materialise). Rank side, one process."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from perfsuite.models import ModelSpec
-from perfsuite.models.materialise import ModelFactory, init_weights
-from perfsuite.models.megatron_gpt import INIT_STD, MegatronGPT
+from perfsuite.rank.models.materialise import ModelFactory, init_weights
+from perfsuite.rank.models.megatron_gpt import INIT_STD, MegatronGPT
+from perfsuite.spec.models import ModelSpec
 
 GPT_1_3B = ModelSpec("gpt2", layers=24, hidden=2048, heads=32, vocab=50304, max_positions=1024)
 TINY_GPT2 = ModelSpec("gpt2", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
@@ -59,7 +59,7 @@ def test_a_pipeline_stage_is_initialised_as_a_slice_of_the_whole() -> None:
 
 
 def test_a_recipes_own_initialisation_runs_else_torchs_defaults() -> None:
-    from perfsuite.models.module import Recipe, RecipeModel
+    from perfsuite.rank.models.module import Recipe, RecipeModel
 
     def batch(rows: int, seq_len: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
         return {"x": torch.randn(rows, seq_len, 4, generator=gen)}

@@ -13,10 +13,10 @@ import pytest
 from conftest import CPU_PROFILE
 
 from perfsuite import ModelSpec, Scenario
+from perfsuite.gate.session import Measurement, PerfSession
 from perfsuite.launch import LaunchOutcome
 from perfsuite.launch.base import RankFailure
-from perfsuite.maxbatch import MaxBatchResult, MaxBatchSearch, Trial, trial_runner
-from perfsuite.session import Measurement, PerfSession
+from perfsuite.plugin.modes.batchsearch import MaxBatchResult, MaxBatchSearch, Trial, trial_runner
 
 TINY = ModelSpec("bert", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
 
@@ -130,7 +130,7 @@ def test_trials_keep_grad_accum_and_let_validation_refuse_shapes() -> None:
 # transformers import, so launches are cheap) trains at micro-batch 8 and runs
 # out of memory at 16; measured boundary 12 (8 -> 16 -> 12 -> 14 -> 13).
 SMALL_BUDGET = """
-from perfsuite.profiles import HardwareProfile
+from perfsuite.spec.profiles import HardwareProfile
 
 def pytest_perfsuite_profiles():
     return [HardwareProfile("cpu-192m", "cpu", rank_memory_budget_mib=192, aliases=("cpu",), timeout_s=120)]

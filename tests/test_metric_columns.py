@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 
 from perfsuite import ModelSpec
-from perfsuite import metrics as registry
-from perfsuite.compare import Judgement
-from perfsuite.maxbatch import MaxBatchResult, Trial
-from perfsuite.metrics import Metric
-from perfsuite.modes.ab import gated
-from perfsuite.profiles import CPU, gpu_profile
-from perfsuite.report import results_document, summary_lines
-from perfsuite.session import ScenarioResult
-from perfsuite.stats import ScenarioMetrics, Summary
-from perfsuite.workloads.train import Scenario
+from perfsuite.gate.session import ScenarioResult
+from perfsuite.judge.compare import Judgement
+from perfsuite.judge.stats import ScenarioMetrics, Summary
+from perfsuite.plugin.modes.ab import gated
+from perfsuite.plugin.modes.batchsearch import MaxBatchResult, Trial
+from perfsuite.reports.summary import results_document, summary_lines
+from perfsuite.spec import metrics as registry
+from perfsuite.spec.metrics import Metric
+from perfsuite.spec.profiles import CPU, gpu_profile
+from perfsuite.spec.workloads.train import Scenario
 
 WIDGETS = Metric(
     "widgets_per_step", "widgets", "lower", noisy=True, tolerances={"cpu": 0.2, "cuda": 0.03}, label="widgets/step"
@@ -56,7 +56,7 @@ def test_a_new_gated_metric_is_a_column_of_the_terminal_summary(widgets: Metric)
 
 
 def test_a_new_gated_metric_is_a_column_of_the_markdown_and_html_summaries(widgets: Metric) -> None:
-    from perfsuite.htmlreport import summary
+    from perfsuite.reports.html import summary
 
     doc = document(widgets_per_step=3.25)
     assert "widgets/step" in summary.columns(doc) and "gadgets/step" not in summary.columns(doc)
@@ -64,7 +64,7 @@ def test_a_new_gated_metric_is_a_column_of_the_markdown_and_html_summaries(widge
     assert "| 512 | 3.25 |" in row
     pytest.importorskip("jinja2", reason="the report extra: pip install 'perfsuite[report]'")
     pytest.importorskip("matplotlib", reason="the report extra: pip install 'perfsuite[report]'")
-    from perfsuite.htmlreport.page import render
+    from perfsuite.reports.html.page import render
 
     page = render(doc, "results.json")
     assert "<th>widgets/step</th>" in page and '<td class="num">3.25</td>' in page

@@ -15,9 +15,9 @@ import pytest
 import torch
 from conftest import FAKE_NVML
 
-from perfsuite.worker import nvml as nvml_module
-from perfsuite.worker.health import CudaHealthTracker
-from perfsuite.worker.nvml import NvmlDevice
+from perfsuite.rank.worker import nvml as nvml_module
+from perfsuite.rank.worker.health import CudaHealthTracker
+from perfsuite.rank.worker.nvml import NvmlDevice
 
 CUDA0 = torch.device("cuda", 0)
 
@@ -100,8 +100,8 @@ def test_process_memory_falls_back_to_the_device_in_containers(monkeypatch: pyte
 def test_a_throttled_run_is_unreliable_and_not_recorded(tmp_path: Path) -> None:
     from test_verdicts import FINGERPRINT, SCENARIO, STEADY, FakeLauncher
 
-    from perfsuite.profiles import CPU
-    from perfsuite.session import PerfSession, RunSettings
+    from perfsuite.gate.session import PerfSession, RunSettings
+    from perfsuite.spec.profiles import CPU
 
     health = {"throttled": True, "throttle_reasons": ["hw_thermal", "sync_boost"]}
     run = RunSettings(profile=CPU, baselines_dir=tmp_path / "b", workdir=tmp_path, update_baselines=True)
@@ -125,7 +125,7 @@ def test_a_throttled_run_is_unreliable_and_not_recorded(tmp_path: Path) -> None:
 def test_the_fingerprint_sees_the_gpus_cuda_visible_devices_leaves(
     monkeypatch: pytest.MonkeyPatch, visible: str | None, expected: list[object]
 ) -> None:
-    from perfsuite.fingerprint import machine_fingerprint
+    from perfsuite.launch.fingerprint import machine_fingerprint
 
     if visible is not None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)

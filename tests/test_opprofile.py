@@ -11,9 +11,8 @@ import pytest
 from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION, bench_module
 
 from perfsuite.__main__ import main
-from perfsuite.baselines import BaselineError
-from perfsuite.explain import Explanation
-from perfsuite.opprofile import (
+from perfsuite.judge.explain import Explanation
+from perfsuite.spec.opprofile import (
     MAX_SUMMARY_BYTES,
     NOISE_SHARE,
     OTHER,
@@ -24,7 +23,8 @@ from perfsuite.opprofile import (
     merge,
     top,
 )
-from perfsuite.profilestore import ProfileStore, fit
+from perfsuite.store.baselines import BaselineError
+from perfsuite.store.profilestore import ProfileStore, fit
 
 
 def profile(step_ms: float, **ops_ms: float) -> OpProfile:
@@ -136,7 +136,7 @@ SITECUSTOMIZE = textwrap.dedent(
     """
     import os
     if os.environ.get("WIDEN_FFN"):
-        from perfsuite.models import megatron_gpt
+        from perfsuite.rank.models import megatron_gpt
 
         narrow = megatron_gpt.MLP.__init__
 
@@ -208,7 +208,7 @@ def test_the_planted_slowdown_shows_under_its_own_region(project: pytest.Pyteste
 
 
 def test_the_job_summary_and_the_page_show_the_diff_table(tmp_path: Path) -> None:
-    from perfsuite.htmlreport import summary
+    from perfsuite.reports.html import summary
 
     wider = profile(14.0, aten__addmm=9.0, aten__gelu=2.0, aten__add_=2.0, aten__copy_=1.0)
     doc = json.loads(results_file(tmp_path, Explanation(wider, BASE, "s", "perf-artifacts/g.s.trace.gz")).read_text())
@@ -217,7 +217,7 @@ def test_the_job_summary_and_the_page_show_the_diff_table(tmp_path: Path) -> Non
     assert "| `aten::addmm` | 5 | 9 | +4 | +0 |" in text and "perf-artifacts/g.s.trace.gz" in text
     pytest.importorskip("jinja2", reason="the report extra: pip install 'perfsuite[report]'")
     pytest.importorskip("matplotlib", reason="the report extra: pip install 'perfsuite[report]'")
-    from perfsuite.htmlreport.page import render
+    from perfsuite.reports.html.page import render
 
     page = render(doc, "results.json")
     assert "Why g.s changed" in page and "<td>aten::addmm</td>" in page
@@ -229,7 +229,7 @@ def test_a_cuda_kernel_counts_once_under_the_op_that_launched_it() -> None:
     torch = pytest.importorskip("torch")
     from types import SimpleNamespace
 
-    from perfsuite.worker.profiling import summarise
+    from perfsuite.rank.worker.profiling import summarise
 
     def event(name: str, device: object, cpu_us: float, device_us: float) -> SimpleNamespace:
         return SimpleNamespace(name=name, device_type=device, cpu_parent=None, self_cpu_time_total=cpu_us,
@@ -246,7 +246,7 @@ def test_a_cuda_oom_names_where_each_allocation_was_made() -> None:
     with the capture's own C++ frames, which once named every block (``memory_snapshot.cpp
     gather_with_cpp``, 20,260 MiB in one row); backward blocks have no Python frame at all."""
     pytest.importorskip("torch")
-    from perfsuite.worker.profiling import allocations_by_origin, origin
+    from perfsuite.rank.worker.profiling import allocations_by_origin, origin
 
     blocks = json.loads((Path(__file__).parent / "data" / "cuda_oom_blocks.json").read_text())["blocks"]
     named = {kind: origin(block["frames"]) for kind, block in blocks.items()}

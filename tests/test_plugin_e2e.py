@@ -118,7 +118,7 @@ def test_results_file_follows_the_contract(project: pytest.Pytester) -> None:
 
 
 OOM_CONFTEST = """
-from perfsuite.profiles import HardwareProfile
+from perfsuite.spec.profiles import HardwareProfile
 
 def pytest_perfsuite_profiles():
     # 256 MiB per rank above the imported libraries: the tiny GPT fits, a
@@ -172,7 +172,7 @@ def test_an_unexpected_oom_is_never_recorded_silently(project: pytest.Pytester) 
 
 FAULTS = """
 import os, sys, threading, time
-from perfsuite.strategies.ddp import DDPStrategy
+from perfsuite.rank.strategies.ddp import DDPStrategy
 
 class Stray(DDPStrategy):
     def setup(self, model):
@@ -286,7 +286,7 @@ def test_a_missing_baselines_folder_is_fine_when_recording_into_it(pytester: pyt
 def test_hooks_choose_profile_and_add_metrics(project: pytest.Pytester) -> None:
     project.makeconftest(
         textwrap.dedent("""
-        from perfsuite.profiles import CPU
+        from perfsuite.spec.profiles import CPU
         import dataclasses
 
         def pytest_perfsuite_profiles():

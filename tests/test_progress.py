@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 
-from perfsuite.progress import line, read_phases
+from perfsuite.launch.progress import line, read_phases
 
 STEPS_SHAPE = TINY_SHAPE.replace("steps=4", "steps=120")  # a few seconds of measuring to watch
 

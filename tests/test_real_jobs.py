@@ -24,7 +24,7 @@ TEAM_PACKAGE = textwrap.dedent(
     import torch.nn.functional as F
     from torch import nn
 
-    from perfsuite.models.module import Recipe
+    from perfsuite.rank.models.module import Recipe
 
 
     def make_optimizer(params, lr):
@@ -137,7 +137,7 @@ BIG_BYTES = BIG_DEPTH * (BIG_WIDTH * BIG_WIDTH + BIG_WIDTH) * 4
 #: DeepSpeed's buffers (~300 MiB more, measured: a 768 MiB model's ZeRO-3 rank peaked at 965 MiB).
 BUDGET_MIB = 1400
 BUDGET_CONFTEST = f"""
-from perfsuite.profiles import HardwareProfile
+from perfsuite.spec.profiles import HardwareProfile
 
 def pytest_perfsuite_profiles():
     return [HardwareProfile("cpu-small-ranks", "cpu", rank_memory_budget_mib={BUDGET_MIB}, max_world_size=4,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.revab import BASE, CANDIDATE, METRIC, compare_runs, export, launch_of
+from perfsuite.commands.abrev import BASE, CANDIDATE, METRIC, compare_runs, export, launch_of, own_plugin
 
 BUSY = "other processes kept 0.90 of vm's 2 CPU cores busy (limit 0.25)"
 
@@ -79,3 +79,16 @@ def test_a_revision_is_exported_without_a_worktree(tmp_path: Path) -> None:
 def test_bad_input_is_refused_with_exit_2(args: list[str], words: str) -> None:
     done = subprocess.run([sys.executable, "-m", "perfsuite", *args], capture_output=True, text=True, check=False)
     assert done.returncode == 2 and words in done.stderr
+
+
+def test_a_side_that_holds_perfsuite_loads_its_own_plugin_module(tmp_path: Path) -> None:
+    # A revision from before the folders names perfsuite.plugin; the installed entry point names
+    # this checkout's perfsuite.plugin.hooks, which that revision's code does not have.
+    assert own_plugin(tmp_path) == []  # a team's repository: the installed perfsuite's plugin
+    (tmp_path / "perfsuite").mkdir()
+    (tmp_path / "perfsuite" / "__init__.py").write_text("")
+    assert own_plugin(tmp_path) == []  # no pyproject.toml to say which module
+    (tmp_path / "pyproject.toml").write_text('[project.entry-points.pytest11]\nperfsuite = "perfsuite.plugin"\n')
+    assert own_plugin(tmp_path) == ["-p", "no:perfsuite", "-p", "perfsuite.plugin"]
+    here = own_plugin(Path(__file__).parents[1])
+    assert here == ["-p", "no:perfsuite", "-p", "perfsuite.plugin.hooks"]

@@ -1,4 +1,4 @@
-"""The fleet's shared history (perfsuite.exports.shared): runners append their runs to one branch
+"""The fleet's shared history (perfsuite.reports.exports.shared): runners append their runs to one branch
 of the repository; two appending at once both land, nothing is lost, and ``history --branch``
 reads it back with its change points."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.exports import shared
-from perfsuite.exports.history import load, record
-from perfsuite.exports.vcs import Commit
+from perfsuite.reports.exports import shared
+from perfsuite.reports.exports.history import load, record
+from perfsuite.store.vcs import Commit
 
 BRANCH = "perf-history"
 

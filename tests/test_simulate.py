@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from perfsuite.__main__ import main
-from perfsuite.baselines import BaselineEntry
-from perfsuite.profiles import CPU, HardwareProfile, gpu_profile
-from perfsuite.simulate import minimum_detectable, model, realgate
-from perfsuite.simulate.cli import Options, report
-from perfsuite.simulate.noise import PROFILES, Row, noise_of, typical_row
-from perfsuite.simulate.rates import rate
-from perfsuite.simulate.trials import Trials
+from perfsuite.judge.simulate import minimum_detectable, model, realgate
+from perfsuite.judge.simulate.cli import Options, report
+from perfsuite.judge.simulate.noise import PROFILES, Row, noise_of, typical_row
+from perfsuite.judge.simulate.rates import rate
+from perfsuite.judge.simulate.trials import Trials
+from perfsuite.spec.profiles import CPU, HardwareProfile, gpu_profile
+from perfsuite.store.baselines import BaselineEntry
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = gpu_profile("nvidia-h100-80gb-hbm3-x1")

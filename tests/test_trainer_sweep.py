@@ -12,7 +12,7 @@ import pytest
 from conftest import CPU_PROFILE
 
 from perfsuite import ModelSpec, ScenarioError
-from perfsuite.workloads.trainer import TrainerScenario
+from perfsuite.spec.workloads.trainer import TrainerScenario
 
 SEED_MODEL = ModelSpec("bert", layers=12, hidden=768, heads=12, vocab=128100, ffn=3072, max_positions=512)
 
@@ -78,7 +78,7 @@ def test_a_variant_rederives_the_measured_steps() -> None:
 
 def test_the_seed_model_has_the_seed_parameter_count() -> None:
     torch = pytest.importorskip("torch")
-    from perfsuite.models.hf import bert
+    from perfsuite.rank.models.hf import bert
 
     with torch.device("meta"):  # shapes only: no 700 MB of fp32 weights
         model = bert(SEED_MODEL)
@@ -88,8 +88,8 @@ def test_the_seed_model_has_the_seed_parameter_count() -> None:
 
 def test_the_step_clock_splits_warmup_and_lists_skipped_updates(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    from perfsuite.worker.runtime import Reporter, WorkerContext
-    from perfsuite.worker.trainer import StepClock
+    from perfsuite.rank.worker.runtime import Reporter, WorkerContext
+    from perfsuite.rank.worker.trainer import StepClock
 
     spec = seed_row(1, 16, train_samples=256, warmup_steps=2).rank_spec()  # 2 x 256/64 = 8 steps: 2 + 6
     clock = StepClock(spec, WorkerContext(0, 0, 1, torch.device("cpu"), "gloo"), Reporter(tmp_path, 0), 0.0)
@@ -105,7 +105,7 @@ def test_the_step_clock_splits_warmup_and_lists_skipped_updates(tmp_path: Path) 
 
 BENCH = """
 from perfsuite import ModelSpec, parametrize
-from perfsuite.workloads.trainer import TrainerScenario
+from perfsuite.spec.workloads.trainer import TrainerScenario
 
 TINY = ModelSpec("bert", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)  # the Trainer needs a masked LM
 SHAPE = dict(per_device_batch=4, grad_accum=2, train_samples=64, eval_samples=32, seq_len=32, warmup_steps=2)

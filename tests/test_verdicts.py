@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from perfsuite import Microbench, ModelSpec, Scenario
+from perfsuite.gate.session import PerfSession, RunSettings
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
-from perfsuite.profiles import CPU
-from perfsuite.protocol import RankReport
-from perfsuite.session import PerfSession, RunSettings
+from perfsuite.spec.profiles import CPU
+from perfsuite.spec.protocol import RankReport
 
 SCENARIO = Scenario(
     "g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=2, global_batch=4, seq_len=16, steps=5
@@ -296,7 +296,7 @@ def test_a_run_that_mostly_skipped_its_updates_is_unreliable_and_not_recorded(tm
 def test_a_stack_section_unknown_on_one_side_is_no_change() -> None:
     """A baseline recorded from a run whose rank 0 never reported (an expected
     OOM first in its session) has no runtime; that is not torch None -> X."""
-    from perfsuite.fingerprint import stack_changes
+    from perfsuite.launch.fingerprint import stack_changes
 
     runtime = {"torch": "2.13.0+cpu", "torch_cuda": None}
     assert stack_changes({"runtime": {}}, {"runtime": runtime}) == []

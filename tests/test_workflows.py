@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from perfsuite.exports import github
+from perfsuite.reports.exports import github
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"

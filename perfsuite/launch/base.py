@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from perfsuite.protocol import ProtocolError, RankJob, RankReport, RankStart
+from perfsuite.spec.protocol import ProtocolError, RankJob, RankReport, RankStart
 
 Status = Literal["ok", "oom", "timeout", "crash", "skipped"]
 
@@ -37,7 +37,7 @@ TAIL_LINES = 25
 class WorkerJob:
     """Everything a launcher needs to run one scenario once."""
 
-    rank_job: RankJob  # written to job.json and read by perfsuite.worker
+    rank_job: RankJob  # written to job.json and read by perfsuite.rank.worker
     world_size: int
     timeout_s: float
     workdir: Path
@@ -89,7 +89,7 @@ class LaunchOutcome:
 
 
 class Launcher(ABC):
-    """Starts ``job.world_size`` workers running :mod:`perfsuite.worker` (forked from their agent or not)."""
+    """Starts ``job.world_size`` workers running :mod:`perfsuite.rank.worker` (forked from their agent or not)."""
 
     name: str
 
@@ -204,6 +204,8 @@ def _no_report(signum: int | None) -> str:
 
 _PHASES = ("startup", "init", "build", "wrap", "warmup", "measure", "report", "done")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line \d+ in (?P<func>\S+)')
+#: A frame of perfsuite's rank worker (before the folders, ``perfsuite/worker/``: recorded dumps keep that).
+_WORKER = re.compile(r"perfsuite/(rank/)?worker/")
 
 
 def main_thread_stack(stderr: str) -> list[str] | None:
@@ -215,7 +217,7 @@ def main_thread_stack(stderr: str) -> list[str] | None:
     blocks = re.split(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$", stderr, flags=re.M)
     for block in reversed(blocks[1:]):
         frames = [line for line in block.splitlines() if _FRAME.match(line)]
-        if any("perfsuite/worker" in line for line in frames):
+        if any(_WORKER.search(line) for line in frames):
             return frames
     return None
 

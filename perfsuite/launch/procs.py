@@ -17,7 +17,7 @@ import time
 
 import psutil
 
-from perfsuite.protocol import LAUNCHER_VAR
+from perfsuite.spec.protocol import LAUNCHER_VAR
 
 TOKEN_VAR = "PERFSUITE_RUN_TOKEN"
 GRACE_S = 5.0
@@ -25,7 +25,7 @@ GRACE_S = 5.0
 
 def launcher_env() -> dict[str, str]:
     """``PERFSUITE_LAUNCHER`` naming this process, for the ranks' watchdog
-    (:mod:`perfsuite.worker.watchdog`): the create time tells a reused pid apart."""
+    (:mod:`perfsuite.rank.worker.watchdog`): the create time tells a reused pid apart."""
     me = psutil.Process()
     return {LAUNCHER_VAR: f"{platform.node()}:{me.pid}:{me.create_time():.3f}"}
 

@@ -22,7 +22,7 @@ from perfsuite.launch.base import Launcher, LaunchOutcome, WorkerJob, classify
 from perfsuite.launch.procs import TOKEN_VAR, dump_worker_stacks, kill_tagged
 
 #: torchrun's main, minus the interpreter teardown.
-AGENT_MODULE = "perfsuite.worker.agent"
+AGENT_MODULE = "perfsuite.rank.worker.agent"
 
 
 class TopologyError(ValueError):
@@ -102,7 +102,7 @@ class TorchrunLauncher(Launcher):
         self.topology = topology or Topology()
 
     def agent_command(self, job: WorkerJob, endpoint: str, run_id: str, node: int) -> list[str]:
-        """``python -m perfsuite.worker.agent ...`` (torchrun, :mod:`perfsuite.worker.agent`) for the agent of one node."""
+        """``python -m perfsuite.rank.worker.agent ...`` (torchrun, :mod:`perfsuite.rank.worker.agent`) for the agent of one node."""
         nodes, per_node = self.topology.layout(job.world_size)
         return [
             job.python,
@@ -126,7 +126,7 @@ class TorchrunLauncher(Launcher):
             "3",
             *(["--start-method", "fork"] if job.rank_start == "fork" else []),
             "-m",
-            "perfsuite.worker",
+            "perfsuite.rank.worker",
             str(job.spec_path),
         ]
 

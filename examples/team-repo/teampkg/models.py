@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perfsuite.models.module import Recipe
+from perfsuite import Recipe
 
 
 class Block(nn.Module):

@@ -1,0 +1,159 @@
+"""``python -m perfsuite init``: perfsuite in a team's own repository.
+
+Writes a benchmark module with one scenario for the team's model (their build function,
+a transformers model type, or an example model to replace), a root ``conftest.py``, an
+empty ``baselines/``, a GitHub Actions workflow for self-hosted GPU runners (installing
+perfsuite as it is installed here: :mod:`perfsuite.commands.init.install`) and a README snippet. It writes nothing when any file it would write exists with other
+content, unless ``--force``; files already as it would write them are left alone, so a
+second run changes nothing. Pytest side, torch-free: the templates are package data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import string
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from perfsuite.commands.init.install import Install, how_installed
+from perfsuite.spec.files import atomic_write_text
+from perfsuite.spec.models import HF_TASKS, hf_tasks_by_type
+from perfsuite.spec.models.probe import REFERENCE
+
+#: What ``init`` writes, relative to the repository: file -> template.
+LAYOUT = {
+    "bench_tests/test_perf.py": "test_perf.py.tmpl",
+    "conftest.py": "conftest.py.tmpl",
+    "baselines/.gitignore": "baselines.gitignore.tmpl",
+    ".github/workflows/perf.yml": "perf.yml.tmpl",
+    "PERFSUITE.md": "PERFSUITE.md.tmpl",
+}
+#: The one template with placeholders (``$model_spec``, ``$what``, ``$group``); the others are
+#: written as they are, but for the workflow's install (its ``$`` belong to the shell and to GitHub).
+SUBSTITUTED = "test_perf.py.tmpl"
+WORKFLOW = "perf.yml.tmpl"
+#: The example model written when no ``--model`` is given, and its reference.
+EXAMPLE = {"perf_models/__init__.py": None, "perf_models/example.py": "example_model.py.tmpl"}
+EXAMPLE_REFERENCE = "perf_models.example:build"
+#: A transformers model type's tiny cpu shape (the user sets theirs for GPUs), and an image model's images.
+HF_SHAPE = "layers=2, hidden=64, heads=4, vocab=512, ffn=128, max_positions=64"
+IMAGE_SHAPE = "image_size=32, patch_size=8"
+#: The command that records a fresh repository's baselines.
+RECORD = "pytest bench_tests --perf-update-baselines"
+
+
+@dataclass(frozen=True)
+class Model:
+    """The scenario's model, as ``init`` writes it."""
+
+    spec: str
+    what: str
+    group: str
+    example: bool = False
+
+    @classmethod
+    def parse(cls, reference: str | None) -> Model:
+        """``pkg.mod:build`` (your module), a transformers model type, or None (the example)."""
+        if reference is None:
+            return cls(f'ModelSpec.module("{EXAMPLE_REFERENCE}")', "the example model", "example", example=True)
+        if ":" in reference:
+            if not REFERENCE.match(reference):
+                raise ValueError(f"--model {reference!r}: a module reference is 'package.module:function'")
+            name = reference.rsplit(":", 1)[0].rsplit(".", 1)[-1]
+            return cls(f'ModelSpec.module("{reference}")', reference, _identifier(name))
+        if not re.fullmatch(r"[a-z0-9_-]+", reference):
+            raise ValueError(
+                f"--model {reference!r}: give 'package.module:function' (your build function) or a transformers "
+                "model type such as llama (a Hub name would need the network)"
+            )
+        task = _task_for(reference)
+        shape = f"{HF_SHAPE}, {IMAGE_SHAPE}" if task == "image_classification" else HF_SHAPE
+        named = "" if task == "causal_lm" else f'"{task}", '
+        return cls(f'ModelSpec.hf("{reference}", {named}{shape})', f"a {reference} model", _identifier(reference))
+
+
+def _task_for(model_type: str) -> str:
+    """The first of perfsuite's tasks that transformers has a ``model_type`` model for (causal_lm
+    when transformers cannot be asked: collection then says what is wrong)."""
+    known = hf_tasks_by_type()
+    if not known:
+        return "causal_lm"
+    if model_type not in known:
+        raise ValueError(f"--model {model_type!r} is no transformers model type here (e.g. llama, qwen2, vit)")
+    if not known[model_type]:
+        raise ValueError(f"--model {model_type!r}: transformers has none of {', '.join(HF_TASKS.values())} for it")
+    return known[model_type][0]
+
+
+def _identifier(name: str) -> str:
+    return re.sub(r"\W", "_", name).strip("_").lower() or "model"
+
+
+def render(model: Model, install: Install | None = None) -> dict[str, str]:
+    """Every file ``init`` writes, by path, with its content; the workflow installs ``install``
+    (default: perfsuite as it is installed here)."""
+    install = install or how_installed()
+    layout = {**LAYOUT, **(EXAMPLE if model.example else {})}
+    values = {"model_spec": model.spec, "what": model.what, "group": model.group}
+    return {path: _text(name, values, install) for path, name in layout.items()}
+
+
+def _text(name: str | None, values: dict[str, str], install: Install) -> str:
+    if name is None:
+        return ""
+    text = (resources.files(__name__) / "templates" / name).read_text()
+    if name == WORKFLOW:
+        return text.replace("__PERFSUITE_REQUIREMENT__", install.requirement).replace(
+            "__PERFSUITE_SOURCE__", install.source
+        )
+    return string.Template(text).substitute(values) if name == SUBSTITUTED else text
+
+
+def init(root: Path, model: Model, force: bool) -> tuple[list[str], list[str]]:
+    """Write the files under ``root``: (written, unchanged). Raises FileExistsError naming the files
+    that exist with other content (none written) unless ``force``."""
+    files = render(model)
+    unchanged = [p for p, text in files.items() if (root / p).is_file() and (root / p).read_text() == text]
+    clashing = [p for p in files if (root / p).exists() and p not in unchanged]
+    if clashing and not force:
+        raise FileExistsError(", ".join(clashing))
+    written = [p for p in files if p not in unchanged]
+    for path in written:
+        atomic_write_text(root / path, files[path])
+    return written, unchanged
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser("init", help="set up perfsuite in your repository: scenario, workflow, baselines")
+    parser.add_argument("root", nargs="?", type=Path, default=Path("."), help="repository folder (default .)")
+    parser.add_argument(
+        "--model",
+        help="your build function as package.module:function, or a transformers model type (llama, qwen2, vit...); "
+        "default: an example model to replace",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite files that exist with other content")
+
+
+def run(ns: argparse.Namespace) -> int:
+    """0 when the repository is set up (or already was), 2 for bad input or files in the way."""
+    try:
+        model = Model.parse(ns.model)
+        written, unchanged = init(ns.root, model, ns.force)
+    except ValueError as exc:
+        print(f"perfsuite init: {exc}", file=sys.stderr)
+        return 2
+    except FileExistsError as exc:
+        print(f"perfsuite init: these files exist with other content, so nothing was written: {exc}. "
+              "Move them away, or overwrite them with --force", file=sys.stderr)  # fmt: skip
+        return 2
+    for path in written:
+        print(f"wrote {ns.root / path}")
+    if not written:
+        print(f"perfsuite init: {ns.root} is already set up ({len(unchanged)} files as init writes them)")
+    print(f"next: record this machine's baselines with `{RECORD}` (in {ns.root}), commit baselines/, then "
+          "`pytest bench_tests` judges every run against them")  # fmt: skip
+    return 0

@@ -1,0 +1,166 @@
+"""Coverage is a verdict: how many selected scenarios the gate judged, and why the others were not.
+
+A gate that judged nothing must not be green. Every run ends with one line,
+``judged 41 of 45 selected scenario(s); not judged: 3 unreliable, 1 no baseline``,
+which also goes into the results file and the summaries. A run in which a
+scenario that should be judged here was not (``unreliable``, ``no_baseline``,
+or not recorded under ``--perf-update-baselines``) fails, unless
+``--perf-allow-unjudged`` opts the whole run out. Scenarios skipped for a
+stated reason (too few GPUs, another profile, a missing environment) are
+listed apart: this machine cannot judge them, and saying so is enough.
+Quarantined scenarios (:mod:`perfsuite.store.quarantine`) run and are reported, but
+do not gate; they are counted apart too. So are ``other_machine`` scenarios:
+their baseline's processor is not this one, so only their memory was judged
+(they count as judged; their timing is listed apart with what would judge it).
+Pytest side, torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Verdicts by which the gate has spoken, for better or worse (``searched``: a max-batch
+#: search that trained or ran out of memory at least once).
+JUDGED = frozenset(
+    {"pass", "regression", "improved", "expected_oom", "unexpected_oom", "unexpected_pass", "imbalance", "error",
+     "recorded", "searched", "other_machine"}
+)  # fmt: skip
+#: The judged verdict whose timing was not: its baseline came from another processor.
+TIMING_ELSEWHERE = "other_machine"
+#: What would judge such a scenario's timing.
+TIMING_FIX = (
+    "record this machine's baselines (pytest ... --perf-update-baselines), or compare against a "
+    "revision on this machine: python -m perfsuite ab-rev HEAD~1 -k ..."
+)
+#: Verdicts that leave a scenario unjudged where it should have been judged, with what fixes each.
+UNJUDGED: Mapping[str, str] = {
+    "unreliable": "rerun on a quiet runner (see each scenario's contention or throttling)",
+    "no_baseline": "record baselines: python -m perfsuite bootstrap, or pytest ... --perf-update-baselines",
+    "not_measured": "the max-batch search never trained nor ran out of memory: see its message",
+    "definition_changed": "the scenario changed since its baseline: re-record it with --perf-update-baselines",
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What coverage needs of one scenario's result."""
+
+    id: str
+    verdict: str
+    message: str = ""
+    quarantined: bool = False
+
+
+@dataclass(frozen=True)
+class Coverage:
+    selected: int
+    judged: tuple[str, ...] = ()
+    unjudged: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Verdict (``unreliable``, ``no_baseline``) -> ids: these fail the run."""
+    skipped: Mapping[str, str] = field(default_factory=dict)
+    """Id -> why it cannot run on this machine: listed, never failing."""
+    quarantined: tuple[str, ...] = ()
+    unreliable_causes: tuple[str, ...] = ()
+    """The first measured cause per unreliable scenario, for the line."""
+    timing_elsewhere: tuple[str, ...] = ()
+    """Judged on memory only: their baselines were recorded on another processor."""
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing that should be judged here went unjudged, and something was judged."""
+        return not self.unjudged and (bool(self.judged) or not self.selected or self._only_skipped)
+
+    @property
+    def _only_skipped(self) -> bool:
+        # Everything skipped for a reason: nothing_measured already fails that run, with its own words.
+        return len(self.skipped) == self.selected
+
+    def line(self) -> str:
+        parts = [f"judged {len(self.judged)} of {self.selected} selected scenario(s)"]
+        if self.unjudged:
+            parts.append("not judged: " + ", ".join(self._unjudged_texts()))
+        if self.quarantined:
+            parts.append(f"quarantined (run, not gating): {len(self.quarantined)}")
+        if self.skipped:
+            parts.append(f"not for this machine: {len(self.skipped)}")
+        if self.timing_elsewhere:
+            parts.append(f"timing not judged, baseline from another processor: {len(self.timing_elsewhere)}")
+        return "; ".join(parts)
+
+    def notes(self) -> list[str]:
+        """What the line leaves unjudged without failing the run, and what would judge it."""
+        if not self.timing_elsewhere:
+            return []
+        return [f"{TIMING_ELSEWHERE}: {_shown(self.timing_elsewhere)}: judged on memory only; {TIMING_FIX}"]
+
+    def _unjudged_texts(self) -> list[str]:
+        texts = []
+        for verdict, ids in self.unjudged.items():
+            cause = f" ({self.unreliable_causes[0]})" if verdict == "unreliable" and self.unreliable_causes else ""
+            texts.append(f"{len(ids)} {verdict.replace('_', ' ')}{cause}")
+        return texts
+
+    def fixes(self) -> list[str]:
+        """What to do about each kind of unjudged scenario, naming them."""
+        found = []
+        for verdict, ids in self.unjudged.items():
+            found.append(f"{verdict}: {_shown(ids)}: {UNJUDGED.get(verdict, 'see its message')}")
+        if not self.judged and self.selected and not self.unjudged and not self._only_skipped:
+            found.append("nothing was judged: see each scenario's message")
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "line": self.line(),
+            "ok": self.ok,
+            "selected": self.selected,
+            "judged": list(self.judged),
+            "unjudged": {k: list(v) for k, v in self.unjudged.items()},
+            "quarantined": list(self.quarantined),
+            "skipped": dict(self.skipped),
+            "timing_elsewhere": list(self.timing_elsewhere),
+            "fixes": self.fixes(),
+            "notes": self.notes(),
+        }
+
+
+def _shown(ids: tuple[str, ...]) -> str:
+    return ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+
+
+def coverage_of(outcomes: Iterable[Outcome]) -> Coverage:
+    """Sort each outcome into judged, unjudged (by verdict), quarantined or skipped here."""
+    items = list(outcomes)
+    judged, quarantined, causes = [], [], []
+    unjudged: dict[str, list[str]] = {}
+    skipped: dict[str, str] = {}
+    for item in items:
+        if item.quarantined:
+            quarantined.append(item.id)
+        elif item.verdict in JUDGED:
+            judged.append(item.id)
+        elif item.verdict == "skipped":
+            skipped[item.id] = item.message
+        else:
+            unjudged.setdefault(item.verdict, []).append(item.id)
+            if item.verdict == "unreliable":
+                causes.append(_cause(item.message))
+    elsewhere = tuple(item.id for item in items if item.verdict == TIMING_ELSEWHERE and not item.quarantined)
+    return Coverage(len(items), tuple(judged), {k: tuple(v) for k, v in unjudged.items()}, skipped,
+                    tuple(quarantined), tuple(causes), elsewhere)  # fmt: skip
+
+
+def _cause(message: str) -> str:
+    """The short cause of an unreliable verdict: the contention it names, else its first clause."""
+    marker = "measured under contention ("
+    at = message.find(marker)
+    if at < 0:
+        return message.split(":")[0][:90]
+    depth, text = 1, message[at + len(marker) :]
+    for end, char in enumerate(text):  # up to the parenthesis that closes the marker's
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            return text[:end].split(";")[0][:90]
+    return text.split(";")[0][:90]

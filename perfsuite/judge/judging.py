@@ -1,0 +1,241 @@
+"""Judging one measurement against its baseline, and the notes that say how a
+verdict came about.
+
+``judge`` turns a :class:`~perfsuite.judge.results.Measurement` and the stored
+baseline into a :class:`~perfsuite.judge.compare.Judgement`: a failed launch is an
+error, a changed scenario ``definition_changed``, a throttled or too-spread
+measurement ``unreliable``, and a regression measured under contention
+``unreliable`` too (a busy host, not the stack, is the likely cause). A
+baseline from another processor or card is named beside the verdict, and on a
+profile that compares no timings across processors (cpu) a row's timing is not
+judged then: ``other_machine``, its memory still judged. The
+session decides how often to measure (confirmation, contention retries); the
+helpers below word what those extra measurements showed. Pytest side,
+torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from perfsuite.judge import definition
+from perfsuite.judge.compare import (
+    Judgement,
+    MetricCheck,
+    judge_imbalance,
+    judge_metrics,
+    judge_outcome,
+    resolve_tolerances,
+)
+from perfsuite.judge.contention import Quiet, contended
+from perfsuite.judge.results import Measurement
+from perfsuite.judge.stats import ScenarioMetrics
+from perfsuite.judge.trustworthy import untrustworthy
+from perfsuite.launch import identity
+from perfsuite.launch.fingerprint import stack_changes
+from perfsuite.launch.identity import MachineChange
+from perfsuite.spec import metrics as registry
+from perfsuite.spec.profiles import HardwareProfile
+from perfsuite.spec.workloads.base import BaseScenario
+from perfsuite.store.baselines import BaselineEntry
+
+
+def judge(
+    scenario: BaseScenario,
+    measurement: Measurement,
+    baseline: BaselineEntry | None,
+    profile: HardwareProfile,
+    compare: Callable[[MetricCheck], MetricCheck],
+    fingerprint: Callable[[], dict[str, Any]],
+) -> Judgement:
+    """The verdict on one measurement. ``fingerprint`` gives the stack it ran on; it is
+    called only when there is a baseline to compare with (probing another
+    environment's stack takes a subprocess)."""
+    outcome, metrics = measurement.outcome, measurement.metrics
+    if outcome.status == "skipped":
+        return Judgement("skipped", outcome.skip_reason)
+    if outcome.status in ("crash", "timeout"):
+        detail = outcome.failure.describe() if outcome.failure else ""
+        return Judgement("error", f"workers {outcome.status}: {detail}")
+    changed = redefined(scenario, baseline)
+    if changed is not None:
+        return changed
+    expected = baseline.expected if baseline else scenario.expected_outcome(profile.variant_keys)
+    decided = judge_outcome(outcome.status, expected, baseline, profile.memory_limit())
+    if (decided is not None and decided.verdict != "no_baseline") or metrics is None:
+        return decided or Judgement("error", "no metrics")
+    distrust = untrustworthy(metrics)
+    if distrust:
+        return Judgement("unreliable", distrust)
+    if decided is not None or baseline is None:
+        return decided or Judgement("no_baseline", "no baseline recorded")
+    current = fingerprint()
+    machine = identity.compare(baseline.fingerprint, current)
+    judgement = against(scenario, metrics, baseline, profile, compare, machine)
+    # Every verdict against a baseline names the machine that recorded it, when it is another.
+    notes = [f"[{note}]" for note in machine.notes() if note not in judgement.message]
+    message = " ".join([judgement.message, *notes])
+    return Judgement(judgement.verdict, message, judgement.checks, tuple(stack_changes(baseline.fingerprint, current)))
+
+
+def against(
+    scenario: BaseScenario,
+    metrics: ScenarioMetrics,
+    baseline: BaselineEntry,
+    profile: HardwareProfile,
+    compare: Callable[[MetricCheck], MetricCheck],
+    machine: identity.Identity,
+) -> Judgement:
+    """The verdict on trustworthy metrics against their baseline."""
+    tolerances = resolve_tolerances(profile.default_tolerances(scenario.metrics), scenario.tolerances, baseline)
+    unjudged, why = definition.unpicked(scenario.picks(), metrics, baseline.extra.get(definition.PICKS))
+    judged = [name for name in scenario.metrics if name not in unjudged]
+    elsewhere = None if profile.timed_on_other_processor else machine.of("processor")
+    if elsewhere is not None:
+        judgement = judge_elsewhere(scenario, metrics, baseline, tolerances, compare, judged, elsewhere)
+        return replace(judgement, message=f"{judgement.message} [{why}]") if why else judgement
+    busy = contention_of(metrics, profile)
+    primary = metrics.summary(scenario.primary)
+    if primary is not None and primary.cv > profile.max_cv:
+        # Name the contention when it was measured: it is the likely cause of the spread.
+        cause = f"measured under contention ({busy})" if busy else "busy or throttled machine?"
+        return Judgement(
+            "unreliable",
+            f"{scenario.primary} varies too much to judge: CV {primary.cv:.1%} over this "
+            f"profile's limit {profile.max_cv:.0%} ({cause})",
+        )
+    judgement = judge_metrics(metrics, baseline, tolerances, compare, judged)
+    doubt = f"measured under contention ({busy})" if busy else ""
+    # A grown step-to-step spread doubts a slower primary metric only: memory does not jitter with the host.
+    if not doubt and any(c.metric == scenario.primary and c.outcome == "regression" for c in judgement.checks):
+        doubt = spread_grew(scenario, metrics, baseline, profile)
+    if judgement.verdict == "regression" and doubt:
+        return Judgement("unreliable", f"{doubt}, so not judged a regression: {judgement.message}", judgement.checks)
+    if judgement.verdict != "regression":
+        judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
+    return replace(judgement, message=f"{judgement.message} [{why}]") if why else judgement
+
+
+def judge_elsewhere(
+    scenario: BaseScenario,
+    metrics: ScenarioMetrics,
+    baseline: BaselineEntry,
+    tolerances: Mapping[str, float],
+    compare: Callable[[MetricCheck], MetricCheck],
+    judged: list[str],
+    change: MachineChange,
+) -> Judgement:
+    """A baseline from another processor, on a profile that does not compare timings across
+    processors: memory and byte counts are judged, timed metrics are not. ``other_machine``
+    unless the memory regressed; never a regression of speed."""
+    timed = [name for name in judged if registry.get(name).timed]
+    judgement = judge_metrics(metrics, baseline, tolerances, compare, [n for n in judged if n not in timed])
+    timed = [name for name in timed if name in tolerances]  # those a baseline here would have judged
+    unjudged = f"{', '.join(timed) or 'timing'} not judged, {change.describe()}"
+    if judgement.verdict == "regression":  # memory grew: no advice to re-record, which would accept it
+        return Judgement("regression", f"{judgement.message} [{unjudged}]", judgement.checks)
+    # A straggler rank is this run's own imbalance, whichever machine recorded the baseline.
+    straggler = judge_imbalance(metrics, scenario.max_imbalance)
+    if straggler is not None:
+        return replace(straggler, message=f"{straggler.message} [{unjudged}]", checks=judgement.checks)
+    shown = ", ".join(c.metric for c in judgement.checks) or "nothing else measured here"
+    return Judgement(
+        "other_machine",
+        f"{unjudged}. Timing measured on another processor is not comparable: record this machine's baselines "
+        f"(pytest -k '{scenario.id}' --perf-update-baselines) or compare with a revision on this machine "
+        f"(python -m perfsuite ab-rev HEAD~1 -k '{scenario.id}'). Judged: {shown}: {judgement.message}",
+        judgement.checks,
+    )
+
+
+def redefined(scenario: BaseScenario, baseline: BaselineEntry | None) -> Judgement | None:
+    """``definition_changed`` when the scenario is no longer what its baseline was recorded for
+    (None when it is, or when the baseline predates stored definitions)."""
+    recorded = baseline.extra.get("definition") if baseline is not None else None
+    if not isinstance(recorded, Mapping):
+        return None
+    changed = definition.changes(recorded, definition.definition(scenario.to_config()))
+    if not changed:
+        return None
+    return Judgement(
+        "definition_changed",
+        f"the scenario changed since its baseline was recorded ({'; '.join(changed)}), so its figures are "
+        f"not comparable; re-record it: pytest -k '{scenario.id}' --perf-update-baselines",
+    )
+
+
+#: Per-step spread a grown spread must also exceed: under it, even a several-fold
+#: growth leaves the mean as well known as the tolerance needs.
+SPREAD_GROWTH_FLOOR = 0.02
+
+
+def spread_grew(
+    scenario: BaseScenario, metrics: ScenarioMetrics, baseline: BaselineEntry, profile: HardwareProfile
+) -> str:
+    """Why the primary metric's step-to-step spread says the machine changed since the
+    baseline ("" if it does not, or either side lacks a spread)."""
+    growth, now = profile.max_spread_growth, metrics.summary(scenario.primary)
+    stored = baseline.metrics.get(scenario.primary)
+    if growth is None or now is None or not isinstance(stored, Mapping) or not stored.get("mean"):
+        return ""
+    then = float(stored.get("std", 0.0)) / float(stored["mean"])
+    if now.cv <= max(growth * then, SPREAD_GROWTH_FLOOR):
+        return ""
+    return (
+        f"{scenario.primary} spreads {now.cv:.1%} step to step against {then:.1%} when its baseline was "
+        f"recorded (over {growth:g}x): the machine is not in the state its baseline describes"
+    )
+
+
+def contention_of(metrics: ScenarioMetrics, profile: HardwareProfile) -> str:
+    """Why ``metrics`` were measured under contention by this profile's limits ("" if they were not)."""
+    return contended(metrics.contention, profile.max_foreign_cores, profile.max_steal_cores)
+
+
+# -- notes on a verdict that took more than one measurement --------------------
+def confirmed(judgement: Judgement, attempts: list[dict[str, Any]], primary: str) -> Judgement:
+    """A regression that every confirmation reproduced, with the primary metric of each measurement."""
+    seen = ", ".join(f"{_mean(a[primary]):.4g}" for a in attempts if a[primary] is not None)
+    note = f" [confirmed by {len(attempts) - 1} fresh measurement(s); {primary} per measurement: {seen}]"
+    return Judgement(judgement.verdict, judgement.message + note, judgement.checks, judgement.stack_changes)
+
+
+def unconfirmed(judgement: Judgement, attempts: list[dict[str, Any]]) -> Judgement:
+    """The confirmation's verdict, saying which earlier measurement looked like a regression."""
+    first = next(a for a in attempts if a["verdict"] == "regression")
+    if judgement.verdict == "unreliable":  # the confirmation could not be judged: neither noise nor a regression
+        outcome = "could not be judged, so neither is"
+    else:
+        outcome = "did not reproduce it: treated as noise"
+    note = (
+        f"a measurement looked like a regression ({first['message']}) but confirmation "
+        f"measurement {len(attempts) - 1} {outcome}. "
+    )
+    return Judgement(judgement.verdict, note + judgement.message, judgement.checks, judgement.stack_changes)
+
+
+def still_contended(judgement: Judgement, busy: list[str], waited: Quiet | None, retries: int) -> Judgement:
+    """An unreliable verdict that names the contention of every try and why it stopped trying."""
+    if waited is not None:
+        last = f"{waited.last.foreign_cores:.2f} cores busy" if waited.last else "no sample"
+        stop = f"the host did not go quiet within {waited.waited_s:.0f} s ({last})"
+    elif len(busy) > retries:
+        stop = f"all {len(busy)} measurement(s) contended (--perf-contention-retries {retries})"
+    else:
+        stop = "the session's wait budget for a quiet host is spent (--perf-contention-budget)"
+    return replace(judgement, message=f"{judgement.message} [{stop}; {_tries(busy)}]")
+
+
+def remeasured(judgement: Judgement, busy: list[str]) -> Judgement:
+    """A verdict reached once the host went quiet, naming the contention of the tries before."""
+    return replace(judgement, message=f"{judgement.message} [measured again after the host went quiet; {_tries(busy)}]")
+
+
+def _tries(busy: list[str]) -> str:
+    return "; ".join(f"try {n}: {why}" for n, why in enumerate(busy, 1))
+
+
+def _mean(stored: Any) -> float:
+    return float(stored["mean"] if isinstance(stored, dict) else stored)

@@ -1,0 +1,179 @@
+"""The vectorised model: many draws of one row, judged by the gate's rules in numpy.
+
+A launch's per-step rates are normal around the launch's level, which is the true value times
+(1 + the session's offset) times (1 + the launch's offset), over (1 + the planted slowdown). Its
+mean and standard deviation are drawn directly (a normal mean and a chi-square spread: exactly
+what ``Summary.of`` of its steps would give). The stored baseline pools its launches as
+``stats.pool`` does. A run is one launch; each confirmation is a fresh launch in the run's session,
+so it shares that session's offset. The A/B pairs launches within one session, whose offset then
+cancels in each pair's ratio. Contention, throttling and processor changes are not modelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.special import stdtr
+
+from perfsuite.judge.abtest import ALPHA as AB_ALPHA
+from perfsuite.judge.compare import ALPHA
+from perfsuite.judge.judging import SPREAD_GROWTH_FLOOR
+from perfsuite.judge.simulate.noise import Row
+from perfsuite.spec.profiles import HardwareProfile
+
+Array = NDArray[np.float64]
+PASS, REGRESSION, UNRELIABLE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Summaries:
+    """Means, standard deviations (same shape) and the sample count of each."""
+
+    mean: Array
+    std: Array
+    n: int
+
+    def scaled(self, factor: float) -> Summaries:
+        return Summaries(self.mean * factor, self.std * factor, self.n)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The gate's settings that decide a verdict, from the profile and the session's settings."""
+
+    max_cv: float
+    spread_growth: float | None
+    confirm: int = 1
+
+    @classmethod
+    def of(cls, profile: HardwareProfile, confirm: int = 1) -> Rules:
+        return cls(profile.max_cv, profile.max_spread_growth, confirm)
+
+
+def launches(row: Row, level: Array, rng: np.random.Generator, shape: tuple[int, ...]) -> Summaries:
+    """One launch per element of ``shape`` at ``level`` (broadcast): its steps' mean and spread."""
+    centre = level * (1 + row.launch_cv * rng.standard_normal(shape))
+    sd = centre * row.step_cv
+    mean = centre + sd / np.sqrt(row.steps) * rng.standard_normal(shape)
+    std = sd * np.sqrt(rng.chisquare(row.steps - 1, shape) / (row.steps - 1))
+    return Summaries(mean, std, row.steps)
+
+
+def pooled(row: Row, offset: Array, rng: np.random.Generator) -> Summaries:
+    """The stored baseline: ``row.baseline_launches`` launches of one session, pooled step by step."""
+    count = row.baseline_launches
+    each = launches(row, (1 + offset)[:, None], rng, (offset.size, count))
+    mean = each.mean.mean(axis=1)
+    within = (each.n - 1) * each.std**2
+    between = each.n * (each.mean - mean[:, None]) ** 2
+    total = count * each.n
+    return Summaries(mean, np.sqrt((within + between).sum(axis=1) / (total - 1)), total)
+
+
+def session_offsets(row: Row, rng: np.random.Generator, size: int) -> Array:
+    return row.session_cv * rng.standard_normal(size)
+
+
+def welch_p_less(run: Summaries, base: Summaries) -> Array:
+    """``compare.worse_p_value``'s one-sided Welch test (scipy's formula, as a ufunc: its
+    ``ttest_ind_from_stats`` costs milliseconds a call in its argument handling)."""
+    a, b = run.std**2 / run.n, base.std**2 / base.n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = (a + b) ** 2 / (a**2 / (run.n - 1) + b**2 / (base.n - 1))
+        return np.asarray(stdtr(df, (run.mean - base.mean) / np.sqrt(a + b)), dtype=np.float64)
+
+
+def judge(base: Summaries, run: Summaries, tolerance: float, rules: Rules) -> NDArray[np.int64]:
+    """``judging.against`` on a higher-is-better primary metric, element by element."""
+    cv = run.std / run.mean
+    delta = (run.mean - base.mean) / base.mean
+    p = welch_p_less(run, base)
+    # compare.check_metric: an untestable p (no spread on either side) counts as significant.
+    regression = (-delta > tolerance) & (~np.isfinite(p) | (p < ALPHA))
+    grew = np.zeros_like(regression)
+    if rules.spread_growth is not None:
+        grew = cv > np.maximum(rules.spread_growth * base.std / base.mean, SPREAD_GROWTH_FLOOR)
+    verdict = np.where(regression, np.where(grew, UNRELIABLE, REGRESSION), PASS)
+    return np.where(cv > rules.max_cv, UNRELIABLE, verdict)
+
+
+def confirmed(verdicts: Sequence[NDArray[np.int64]]) -> NDArray[np.int64]:
+    """session.PerfSession._run's loop: a regression stands only if every confirmation regresses
+    too; the first that does not gives the verdict."""
+    final = verdicts[0].copy()
+    open_ = final == REGRESSION
+    for later in verdicts[1:]:
+        final = np.where(open_, later, final)
+        open_ &= later == REGRESSION
+    return final
+
+
+@dataclass(frozen=True)
+class GateDraws:
+    """``size`` stored-baseline runs of one row: the baseline and each attempt's launch."""
+
+    base: Summaries
+    attempts: tuple[Summaries, ...]
+
+    def at(self, slowdown: float) -> tuple[Summaries, ...]:
+        """The attempts with ``slowdown`` planted (rates scale with it, CVs do not)."""
+        return tuple(a.scaled(1 / (1 + slowdown)) for a in self.attempts)
+
+
+def runs(row: Row, rules: Rules, rng: np.random.Generator, offset: Array) -> tuple[Summaries, ...]:
+    """A run and its confirmations: fresh launches in the sessions of ``offset``."""
+    return tuple(launches(row, 1 + offset, rng, offset.shape) for _ in range(1 + rules.confirm))
+
+
+def gate_draws(row: Row, rules: Rules, rng: np.random.Generator, size: int) -> GateDraws:
+    """``size`` runs, each against its own baseline recorded in another session."""
+    base = pooled(row, session_offsets(row, rng, size), rng)
+    return GateDraws(base, runs(row, rules, rng, session_offsets(row, rng, size)))
+
+
+def gate_verdicts(draws: GateDraws, row: Row, rules: Rules, slowdown: float) -> NDArray[np.int64]:
+    return confirmed([judge(draws.base, a, row.tolerance, rules) for a in draws.at(slowdown)])
+
+
+def final_delta(draws: GateDraws, row: Row, rules: Rules, slowdown: float) -> Array:
+    """The change the verdict rests on (the last attempt taken), as ``selftest`` records it."""
+    attempts = draws.at(slowdown)
+    taken = np.zeros(draws.base.mean.shape, dtype=np.int64)
+    open_ = judge(draws.base, attempts[0], row.tolerance, rules) == REGRESSION
+    for k, attempt in enumerate(attempts[1:], 1):
+        taken = np.where(open_, k, taken)
+        open_ &= judge(draws.base, attempt, row.tolerance, rules) == REGRESSION
+    means = np.stack([a.mean for a in attempts])
+    return np.take_along_axis(means, taken[None, :], 0)[0] / draws.base.mean - 1
+
+
+@dataclass(frozen=True)
+class PairDraws:
+    """``size`` A/B trials of ``pairs`` pairs: each launch's value (shape size x pairs)."""
+
+    base: Array
+    candidate: Array
+
+    def at(self, slowdown: float) -> tuple[Array, Array]:
+        return self.base, self.candidate / (1 + slowdown)
+
+
+def pair_draws(row: Row, pairs: int, rng: np.random.Generator, size: int) -> PairDraws:
+    one = launches(row, np.ones((size, pairs)), rng, (size, pairs)).mean
+    other = launches(row, np.ones((size, pairs)), rng, (size, pairs)).mean
+    return PairDraws(one, other)
+
+
+def ab_verdicts(draws: PairDraws, tolerance: float, slowdown: float) -> NDArray[np.bool_]:
+    """``abtest.compare`` on throughput, trial by trial: a significant loss beyond the tolerance."""
+    base, candidate = draws.at(slowdown)
+    ratios = candidate / base - 1
+    pairs = ratios.shape[1]
+    mean = ratios.mean(axis=1)
+    # abtest.compare's one-sample t-test of the ratios against 0, as a ufunc.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = stdtr(pairs - 1, mean / (ratios.std(axis=1, ddof=1) / np.sqrt(pairs)))
+    return np.asarray((p < AB_ALPHA) & (-mean > tolerance))

@@ -1,0 +1,68 @@
+"""Guards of the pytest process: no scenario under pytest-xdist (parallel
+scenarios measure each other), a warning or an error when other processes use
+the GPUs, and SIGTERM turned into Ctrl-C so that a cancelled job still stops
+every agent and rank. Pytest side, torch-free.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from perfsuite.launch.fingerprint import foreign_gpu_processes
+
+
+class BusyGpuWarning(UserWarning):
+    """Other processes were using the GPUs when the session started."""
+
+
+def stop_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM (a cancelled CI job, Slurm's scancel) stop the run as Ctrl-C
+    does, so the launcher's cleanup stops every agent and rank before pytest
+    exits; by default SIGTERM ends the process at once and orphans them. Left
+    alone when someone else already handles SIGTERM, or off the main thread.
+    Returns the finalizer that restores the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        return lambda: None
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"perfsuite: {signal.Signals(signum).name} received, stopping the run")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return restore
+
+
+def check_xdist(config: pytest.Config) -> None:
+    """Scenarios on several pytest-xdist workers at once would measure each other."""
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        pytest.fail(
+            f"perfsuite scenarios cannot run under pytest-xdist (this is worker {worker.get('workerid', '?')}): "
+            "parallel scenarios share the machine and measure each other. Run them without -n "
+            "(or with -p no:xdist); perfsuite's own self-tests may use -n, scenarios may not.",
+            pytrace=False,
+        )
+
+
+def check_gpus_idle(config: pytest.Config) -> None:
+    mode = config.getoption("--perf-gpu-busy")
+    busy = foreign_gpu_processes() if mode != "ignore" else []
+    if not busy:
+        return
+    listing = ", ".join(f"pid {p['pid']} on GPU {p['gpu']} ({p['used_mib']} MiB)" for p in busy)
+    message = f"other processes use the GPUs, timings will be skewed: {listing}"
+    if mode == "error":
+        pytest.fail(message + " (--perf-gpu-busy=error)", pytrace=False)
+    warnings.warn(BusyGpuWarning(message), stacklevel=1)

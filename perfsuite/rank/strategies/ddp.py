@@ -1,0 +1,32 @@
+"""Plain data parallel: torch.nn.parallel.DistributedDataParallel, with its own settings
+(:class:`perfsuite.spec.engines.DDPOptions`) where the scenario gives them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from perfsuite.rank.strategies.base import TorchStrategy
+from perfsuite.spec.engines import DDPOptions
+
+
+class DDPStrategy(TorchStrategy):
+    def wrap(self, model: nn.Module) -> nn.Module:
+        device_ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_settings())
+
+    def ddp_settings(self) -> dict[str, Any]:
+        """DDP's keyword arguments the options set (none: DDP's defaults, today's rows)."""
+        options = self.ctx.options
+        if not isinstance(options, DDPOptions):
+            return {}
+        settings: dict[str, Any] = {}
+        if options.gradient_as_bucket_view:
+            settings["gradient_as_bucket_view"] = True
+        if options.static_graph:
+            settings["static_graph"] = True
+        if options.bucket_cap_mb is not None:
+            settings["bucket_cap_mb"] = options.bucket_cap_mb
+        return settings

@@ -1,0 +1,28 @@
+"""The rank side of a workload kind."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from perfsuite.rank.worker.runtime import Reporter, WorkerContext
+from perfsuite.spec.protocol import RankJob, RankReport
+
+
+class Runner(ABC):
+    """Runs one kind of workload on one rank.
+
+    ``perfsuite.rank.worker`` builds it from the job *before* CUDA is touched (so
+    its imports may set environment read at CUDA context creation), asks
+    :meth:`check` whether it can run here, sets up the process group, memory
+    limits and seed, then calls :meth:`run`.
+    """
+
+    def __init__(self, job: RankJob) -> None:
+        self.job = job
+
+    def check(self, ctx: WorkerContext) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Raise :class:`~perfsuite.spec.protocol.EngineUnavailable` if this rank cannot run the workload."""
+
+    @abstractmethod
+    def run(self, ctx: WorkerContext, reporter: Reporter) -> RankReport:
+        """Measure the workload; return this rank's report (status ``ok``)."""

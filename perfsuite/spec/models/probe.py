@@ -1,0 +1,147 @@
+"""Collection-time checks of a model reference that need torch, asked of a child interpreter.
+
+The pytest process never imports torch, and transformers' auto classes and a team's model
+module do. So :func:`hf_model_types` asks a child for the model types transformers knows and
+the tasks each takes, :func:`hf_attribute_map` for the keys a config stores its shape under,
+and, for a ``ModelSpec.module`` reference, a child (``python -m perfsuite.rank.models.module``)
+imports the build function and the optional step function, calls the build on the ``meta``
+device (shapes only, no memory) and checks that it returns a
+:class:`perfsuite.rank.models.module.Recipe`. It answers with the field at fault and what is
+wrong, as JSON. One child per distinct reference and session.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any
+
+#: The PYTHONPATH the ranks get, set by the plugin for its run: the child checks a module
+#: reference with it, so what passes collection imports on every rank (pytest's own path
+#: also holds the test folders it prepends, which the ranks lack). None outside a pytest
+#: run of the plugin: this interpreter's ``sys.path``.
+RANK_PATH: ContextVar[str | None] = ContextVar("perfsuite_rank_path", default=None)
+#: ``package.module:function``.
+REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+#: How long the child may take: importing torch and the team's module, building on meta.
+PROBE_TIMEOUT_S = 300
+
+
+def check_module(source: str | None, step: str | None, options: Any, build: bool = True) -> tuple[str, str] | None:
+    """(field, problem) for a reference that cannot be built, else None; ``build=False`` checks the
+    references' form only (a rank, which builds the model itself)."""
+    for name, value in (("source", source), ("step", step)):
+        if value is None and name == "step":
+            continue
+        if not isinstance(value, str) or not REFERENCE.match(value):
+            return name, f"must be 'package.module:function', got {value!r}"
+    if not build:
+        return None
+    path = RANK_PATH.get()
+    return _probe(
+        str(source), step, json.dumps(options, sort_keys=True), path or os.pathsep.join(p for p in sys.path if p)
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _probe(source: str, step: str | None, options: str, path: str) -> tuple[str, str] | None:
+    env = {**os.environ, "PYTHONPATH": path}
+    argv = [sys.executable, "-m", "perfsuite.rank.models.module", source, step or "", options]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return "source", f"was not built within {PROBE_TIMEOUT_S} s on the meta device (collection-time check)"
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return "source", f"could not be checked: the child interpreter said {done.stderr.strip()[-500:]!r}"
+    return (answer["field"], answer["problem"]) if answer else None
+
+
+#: The child's answer for :func:`check_callable`: "" or what is wrong with the reference.
+_CALLABLE = """
+import importlib, json, sys
+module, _, name = sys.argv[1].partition(":")
+try:
+    found = importlib.import_module(module)
+except Exception as exc:
+    print(json.dumps(f"cannot be imported: {type(exc).__name__}: {exc}"))
+else:
+    ok = callable(getattr(found, name, None))
+    print(json.dumps("" if ok else f"names no function: module {module!r} has no callable {name!r}"))
+"""
+
+
+@functools.lru_cache(maxsize=64)
+def check_callable(reference: str) -> str:
+    """What is wrong with a ``package.module:function`` reference ("" when a child interpreter,
+    on the ranks' path, imports it and finds a callable there)."""
+    path = RANK_PATH.get() or os.pathsep.join(p for p in sys.path if p)
+    try:
+        done = subprocess.run([sys.executable, "-c", _CALLABLE, reference], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S, env={**os.environ, "PYTHONPATH": path}, check=False)  # fmt: skip
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, OSError, IndexError, ValueError):
+        return f"{reference!r} could not be checked: the child interpreter importing it failed"
+    return f"{reference!r} {answer}" if answer else ""
+
+
+#: The child's answer for :func:`hf_model_types`: each model type with the tasks that take it.
+_HEADS = """
+import json, sys, transformers
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+tasks = json.loads(sys.argv[1])
+heads = {task: set(getattr(transformers, auto)._model_mapping._model_mapping) for task, auto in tasks.items()}
+print(json.dumps({kind: [task for task in tasks if kind in heads[task]] for kind in CONFIG_MAPPING_NAMES}))
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def hf_model_types(auto_classes: tuple[tuple[str, str], ...]) -> Mapping[str, tuple[str, ...]]:
+    """Each model type this transformers knows, with the tasks of ``auto_classes`` ((task, auto
+    class) pairs) whose auto class has a model for it, in their order: ``vit`` takes no causal LM head.
+    Asked of a child interpreter, since transformers' auto module imports torch, which the
+    pytest process never does. Empty when transformers is missing: the ranks then fail with
+    transformers' own words."""
+    answer = _ask(_HEADS, json.dumps(dict(auto_classes)))
+    return {kind: tuple(tasks) for kind, tasks in answer.items()} if isinstance(answer, dict) else {}
+
+
+#: The child's answer for :func:`hf_attribute_map` ({} for a type transformers does not know:
+#: collection then names the type as unknown).
+_ATTRIBUTES = """
+import json, sys, transformers
+try:
+    print(json.dumps(transformers.AutoConfig.for_model(sys.argv[1]).attribute_map))
+except ValueError:
+    print("{}")
+"""
+
+
+@functools.lru_cache(maxsize=16)
+def hf_attribute_map(model_type: str) -> Mapping[str, str] | None:
+    """The ``attribute_map`` of ``model_type``'s config class: a config key every architecture
+    understands -> the key this one stores it under (GPT-2: ``hidden_size`` -> ``n_embd``).
+    Empty when transformers is missing; None when it is installed and its child failed, since
+    reading a config.json without the map would build another model than the file's."""
+    if importlib.util.find_spec("transformers") is None:
+        return {}
+    answer = _ask(_ATTRIBUTES, model_type)
+    return answer if isinstance(answer, dict) else None
+
+
+def _ask(code: str, argument: str) -> Any:
+    """What a child interpreter running ``code`` printed as JSON (None when it failed)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", code, argument], capture_output=True, text=True, timeout=120,
+                              check=True)  # fmt: skip
+        return json.loads(done.stdout)
+    except (subprocess.SubprocessError, ValueError, OSError):
+        return None

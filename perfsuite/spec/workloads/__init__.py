@@ -1,0 +1,40 @@
+"""Workload kinds: what a scenario's ranks run.
+
+Each kind is a :class:`BaseScenario` subclass (torch-free, declared in test
+modules) that names the metrics it produces and the
+:class:`~perfsuite.spec.protocol.WorkloadSpec` its ranks receive, plus a rank-side
+runner (:class:`perfsuite.rank.worker.base.Runner`). Built in:
+
+* ``train`` (:class:`Scenario`): a training loop driven by an engine;
+* ``collective`` (:class:`Collective`): one collective's bus bandwidth;
+* ``microbench`` (:class:`Microbench`): TFLOP/s of a matmul, an elementwise
+  op or a transformer block on one device; ``membw`` (:class:`DeviceCopy`):
+  device memory bandwidth;
+* ``trainer`` (:class:`TrainerScenario`): a real ``transformers.Trainer`` job.
+"""
+
+from __future__ import annotations
+
+from perfsuite.spec.validation import ScenarioError
+from perfsuite.spec.workloads.base import OUTCOMES, TIERS, BaseScenario, Outcome, Tier
+from perfsuite.spec.workloads.collective import Collective
+from perfsuite.spec.workloads.microbench import DeviceCopy, Microbench
+from perfsuite.spec.workloads.train import PRECISIONS, Precision, Scenario, TrainSpec
+from perfsuite.spec.workloads.trainer import TrainerScenario
+
+__all__ = [
+    "OUTCOMES",
+    "PRECISIONS",
+    "TIERS",
+    "BaseScenario",
+    "Collective",
+    "DeviceCopy",
+    "Microbench",
+    "Outcome",
+    "Precision",
+    "Scenario",
+    "ScenarioError",
+    "Tier",
+    "TrainSpec",
+    "TrainerScenario",
+]

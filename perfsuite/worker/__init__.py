@@ -1,8 +1,0 @@
-"""Rank side: runs inside each rank that torchrun starts (``python -m perfsuite.worker``),
-and the torchrun agent that starts them (:mod:`perfsuite.worker.agent`).
-
-Entry point, per-rank runtime, the measured loop every kind shares, memory and
-health trackers, and one runner per workload kind. Imports torch, engines
-(:mod:`perfsuite.strategies`), models and :mod:`perfsuite.protocol`; never the
-pytest side (baselines, compare, session, plugin).
-"""
