@@ -1,10 +1,18 @@
 """Group collectives: bus bandwidth of all-reduce, all-gather and reduce-scatter
-(nccl-tests' definitions, see perfsuite/workloads/collective.py), NCCL on
+(nccl-tests' definitions, see perfsuite/spec/workloads/collective.py), NCCL on
 GPUs and gloo on cpu, at a small message (1 MiB, latency-bound) and a large one
 (1 GiB on GPUs, as far as nccl-tests' usual sweep goes; 16 MiB on cpu).
 
 GPU profiles run 8 ranks, or 4 or 2 where fewer GPUs are present (busbw is
 comparable across world sizes); cpu runs 2 gloo ranks.
+
+The group is in the nightly tier: a pull request's cpu gate (`make test`, `--perf-tier pr`)
+leaves it out. gloo over loopback on the 2-vCPU CI VM moves far more between sessions than any
+tolerance absorbs: in two CI runs of the same baselines (2026-11-27), reduce_scatter_1mib read
+0.059 and 0.189 GB/s, all_reduce_large 0.58 and 0.86, and all_gather_large was unreliable in
+one and a confirmed -40.7% in the other (tolerance 40%) with nothing changed.
+`selftest --simulate` puts the smallest slowdown these rows' gate catches at 98-113% of step
+time. GPU runs (`make bench`) and `make bench-nightly` judge every tier.
 """
 
 from perfsuite import Collective, Relation, parametrize, parametrize_relations
@@ -26,7 +34,7 @@ def row(op: str, size: str) -> Collective:
         # spread 16-48% over 3 runs of each op, against 12-37% with 50.
         iterations=20 if small else 1, **SEED,
         variants={"cpu": {**CPU, "size_bytes": MIB if small else 16 * MIB, "iterations": 50 if small else 1}},
-        reference="nccl-tests busbw" + ("" if small else "; 1 GiB on GPUs, 16 MiB on cpu"),
+        reference="nccl-tests busbw" + ("" if small else "; 1 GiB on GPUs, 16 MiB on cpu"), tier="nightly",
     )  # fmt: skip
 
 
