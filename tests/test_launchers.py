@@ -96,7 +96,7 @@ def test_the_agent_runs_the_worker_file_in_its_forks() -> None:
     for fork in (["--start-method", "fork"], ["--start-method=fork"]):
         argv = forked_ranks(["--nnodes", "1", *fork, *tail])
         assert argv[:-2] == ["--nnodes", "1", *fork, "--run-path"]
-        assert Path(argv[-2]).parts[-3:] == ("perfsuite", "worker", "__main__.py") and Path(argv[-2]).is_file()
+        assert Path(argv[-2]).parts[-4:] == ("perfsuite", "rank", "worker", "__main__.py") and Path(argv[-2]).is_file()
         assert argv[-1] == "job.json"
     for unchanged in (["--nnodes", "1", *tail], ["--start-method", "spawn", *tail], [*tail, "--start-method", "fork"]):
         assert forked_ranks(unchanged) == unchanged
