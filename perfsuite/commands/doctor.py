@@ -27,9 +27,8 @@ from typing import Any
 from perfsuite.commands.collection import collect
 from perfsuite.gate.fitting import fit_to_hardware, launch_precondition
 from perfsuite.launch.base import WorkerJob
-from perfsuite.launch.identity import describe_card
+from perfsuite.launch.identity import describe_card, processor_text
 from perfsuite.launch.torchrun import LocalTorchrun
-from perfsuite.spec import processor as processors
 from perfsuite.spec.engines import ENGINES, EngineSpec
 from perfsuite.spec.models import ModelSpec
 from perfsuite.spec.profiles import HardwareProfile
@@ -125,7 +124,7 @@ def describe_machine(fingerprint: dict[str, Any], profile: HardwareProfile) -> l
     gpus = fingerprint.get("gpus") or []
     names = ", ".join(f"{describe_card(g)}, {g['memory_mib']} MiB" for g in gpus) or "none"
     links = f", {fingerprint['interconnect']}" if fingerprint.get("interconnect") else ""
-    cpu = processors.describe(fingerprint["processor"]) if fingerprint.get("processor") else fingerprint.get("cpu")
+    cpu = processor_text(fingerprint)
     lines = [
         f"machine: {fingerprint.get('host')} ({cpu}, Python {fingerprint.get('python')})",
         f"GPUs: {len(gpus)}: {names}" + (f" (driver {fingerprint['driver']}{links})" if gpus else ""),

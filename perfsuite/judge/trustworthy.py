@@ -64,10 +64,9 @@ from typing import Any
 
 from perfsuite.judge import definition
 from perfsuite.judge.stats import ScenarioMetrics, Summary
-from perfsuite.launch.identity import describe_card
+from perfsuite.launch import identity
 from perfsuite.spec import metrics as registry
 from perfsuite.spec.nvmlcodes import HARMLESS_REASONS
-from perfsuite.spec.processor import describe as describe_processor
 from perfsuite.spec.profiles import HardwareProfile
 from perfsuite.store.baselines import BaselineEntry, BaselineError
 
@@ -186,31 +185,16 @@ def components(groups: Sequence[Sequence[float]]) -> Spread:
     return Spread(grand, cv, math.sqrt(between) / grand, machines, total)
 
 
-def machine(fingerprint: Mapping[str, Any]) -> tuple[str, str]:
-    """Which machine measured, as (key, words): its cards by UUID where it has any (the card is what
-    a GPU row times), else its host and processor."""
-    cards = [g for g in fingerprint.get("gpus") or [] if isinstance(g, Mapping) and g.get("uuid")]
-    if cards:
-        return "cards " + ",".join(sorted(str(g["uuid"]) for g in cards)), ", ".join(map(describe_card, cards))
-    host = str(fingerprint.get("host") or "an unnamed host")
-    return f"host {host}: {processor(fingerprint)}", f"{host} ({processor(fingerprint)})"
-
-
-def processor(fingerprint: Mapping[str, Any]) -> str:
-    proc = fingerprint.get("processor")
-    return describe_processor(proc) if isinstance(proc, Mapping) else str(fingerprint.get("cpu") or "unknown")
-
-
 def source(
     metrics: ScenarioMetrics, names: Iterable[str], fingerprint: Mapping[str, Any], commit: str | None, at: str
 ) -> dict[str, Any]:
     """This calibration's launches of ``names``, as the pool keeps them."""
-    key, words = machine(fingerprint)
+    key, words = identity.machine(fingerprint)
     steps = {name: asdict(s) for name in names if (s := metrics.summary(name)) is not None}
     return {
         "machine": key,
         "label": words,
-        "processor": processor(fingerprint),
+        "processor": identity.processor_text(fingerprint),
         "recorded_at": at,
         "commit": commit,
         "launches": {name: [float(r[name]) for r in metrics.repeats] for name in names},

@@ -127,3 +127,19 @@ def describe_card(gpu: Mapping[str, Any]) -> str:
     serial = f" (serial {gpu['serial']})" if gpu.get("serial") else ""
     uuid = f" {gpu['uuid']}" if gpu.get("uuid") else ""
     return f"{gpu.get('name')}{uuid}{serial}"
+
+
+def machine(fingerprint: Mapping[str, Any]) -> tuple[str, str]:
+    """Which machine measured, as (key, words): its cards by UUID where it has any (the card is what
+    a GPU row times), else its host and processor."""
+    cards = [g for g in fingerprint.get("gpus") or [] if isinstance(g, Mapping) and g.get("uuid")]
+    if cards:
+        return "cards " + ",".join(sorted(str(g["uuid"]) for g in cards)), ", ".join(map(describe_card, cards))
+    host = str(fingerprint.get("host") or "an unnamed host")
+    return f"host {host}: {processor_text(fingerprint)}", f"{host} ({processor_text(fingerprint)})"
+
+
+def processor_text(fingerprint: Mapping[str, Any]) -> str:
+    """The processor a fingerprint names, in words (the older ``cpu`` string where it has no processor)."""
+    proc = fingerprint.get("processor")
+    return processors.describe(proc) if isinstance(proc, Mapping) else str(fingerprint.get("cpu") or "unknown")

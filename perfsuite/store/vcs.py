@@ -29,12 +29,12 @@ class Commit:
 def current_commit(root: Path) -> Commit:
     """HEAD of the checkout ``root`` is in; an empty Commit when ``root`` is
     not in one or git is not installed (a run must not fail for that)."""
-    head = _git(root, "rev-parse", "HEAD")
+    head = git_output(root, "rev-parse", "HEAD")
     if head is None:
         return Commit()
-    times = (_git(root, "show", "-s", "--format=%cI%n%aI", "HEAD") or "\n").splitlines()
-    status = _git(root, "status", "--porcelain", "--untracked-files=no")
-    branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD")
+    times = (git_output(root, "show", "-s", "--format=%cI%n%aI", "HEAD") or "\n").splitlines()
+    status = git_output(root, "status", "--porcelain", "--untracked-files=no")
+    branch = git_output(root, "rev-parse", "--abbrev-ref", "HEAD")
     return Commit(
         id=head,
         time=times[0] or None,
@@ -44,7 +44,8 @@ def current_commit(root: Path) -> Commit:
     )
 
 
-def _git(root: Path, *args: str) -> str | None:
+def git_output(root: Path, *args: str) -> str | None:
+    """What git prints for ``args`` in ``root``; None where git fails or is missing."""
     try:
         done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):

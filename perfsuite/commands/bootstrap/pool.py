@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.judge import definition, trustworthy
+from perfsuite.launch import identity
 from perfsuite.store.baselines import BaselineEntry, BaselineError, BaselineStore, load_group_file, parse_entry
 
 
@@ -132,7 +133,7 @@ def check(item: Found, base: BaselineEntry, local: Path) -> None:
         raise PoolError(f"{item.path}: {item.scenario} was calibrated for another definition than {local} holds "
                         f"({'; '.join(changed)}). Calibrate that runner at this commit, or leave the file out")  # fmt: skip
     facts = trustworthy.Facts.of(item.entry.extra.get(trustworthy.CALIBRATION) or {})
-    processor = trustworthy.processor(base.fingerprint)
+    processor = identity.processor_text(base.fingerprint)
     others = [s for s in trustworthy.sources_of(item.entry) if s.get("processor") != processor]
     if not facts.across_processors and others:
         raise PoolError(f"{item.path}: {item.scenario} was measured on another processor ({others[0].get('processor')}) "

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
+
+from perfsuite.store.vcs import git_output
 
 #: The extras the workflow installs: the engines it gates, and the report its last step draws.
 EXTRAS = "engines,report"
@@ -53,17 +54,9 @@ def how_installed(distribution: str = "perfsuite") -> Install:
 
 def _from_checkout(named: str, folder: Path) -> Install | None:
     """A local checkout that a runner can clone: its remote's URL at the commit installed from."""
-    remote = _git(folder, "remote", "get-url", "origin")
-    commit = _git(folder, "rev-parse", "HEAD")
+    remote = git_output(folder, "remote", "get-url", "origin")
+    commit = git_output(folder, "rev-parse", "HEAD")
     if not remote or not commit or not remote.startswith(("https://", "ssh://", "git@")):
         return None
     url = remote if "://" in remote else "ssh://" + remote.replace(":", "/", 1)
     return Install(f"{named} @ git+{url}@{commit}", f"the checkout of {remote} at {commit}")
-
-
-def _git(folder: Path, *args: str) -> str:
-    try:
-        done = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout.strip() if done.returncode == 0 else ""

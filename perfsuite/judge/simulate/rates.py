@@ -94,12 +94,16 @@ def minimum_detectable(
     21x slowdown is not caught or the baseline stores no spread. ``noise`` defaults to the profile's
     measured components (see ``_noise_for`` where none were measured). About 30 ms.
     """
+    row = _row(baseline, profile, noise)
+    return None if row is None else detectable(row, model.Rules.of(profile, confirm), pairs, ab_tolerance)
+
+
+def _row(baseline: BaselineEntry, profile: HardwareProfile, noise: ProfileNoise | None = None) -> Row | None:
+    """The baseline's primary metric as a modelled row (None where it stores no usable mean)."""
     metric = primary_of(baseline)
     if metric is None or not float(baseline.metrics[metric].get("mean") or 0):
         return None
-    found = noise or _noise_for(profile)
-    row = row_of(baseline, metric, profile, found)
-    return detectable(row, model.Rules.of(profile, confirm), pairs, ab_tolerance)
+    return row_of(baseline, metric, profile, noise or _noise_for(profile))
 
 
 def _noise_for(profile: HardwareProfile) -> ProfileNoise:
@@ -118,12 +122,11 @@ SAID_PAIRS = 3
 def sensitivity(baseline: BaselineEntry, profile: HardwareProfile, confirm: int = 1) -> str:
     """What a just-recorded baseline lets its gate see, in words ("" without a stored spread): the smallest
     slowdown caught 9 times in 10 by the stored-baseline gate and by ``ab-rev`` with 3 pairs."""
-    metric = primary_of(baseline)
-    if metric is None or not float(baseline.metrics[metric].get("mean") or 0):
+    row = _row(baseline, profile)
+    if row is None:
         return ""
-    row = row_of(baseline, metric, profile, _noise_for(profile))
-    gate = minimum_detectable(baseline, profile, confirm=confirm)
-    ab = minimum_detectable(baseline, profile, pairs=SAID_PAIRS)
+    gate = detectable(row, model.Rules.of(profile, confirm))
+    ab = detectable(row, model.Rules.of(profile, confirm), SAID_PAIRS, AB_REV_TOLERANCE)
     blind = (f"none at any size (its steps spread {row.step_cv:.0%} over {row.steps} steps: too many runs come out "
              f"unreliable against the profile's {profile.max_cv:.0%} limit; measure more steps)")  # fmt: skip
     return (f"caught 9 times in 10 (selftest --simulate's model of this row's spread): a slowdown of "

@@ -107,7 +107,7 @@ class BaselineMode(Mode):
 
         terminalreporter.write_sep("-", "perfsuite: what these baselines let the gate see")
         for scenario_id, entry in recorded.items():
-            said = sensitivity(entry, session.profile, self.config.getoption("--perf-confirm"))
+            said = sensitivity(entry, session.profile, session.settings.confirm)
             terminalreporter.write_line(f"{scenario_id}: {said or 'no spread stored: not modelled'}")
 
     def _ranking(self, terminalreporter: Any, session: PerfSession) -> None:
