@@ -130,8 +130,8 @@ def test_spread_over_the_limit_is_unreliable(tmp_path: Path) -> None:
 
 
 def test_a_drop_with_a_several_fold_spread_is_unreliable_where_the_profile_says_so(tmp_path: Path) -> None:
-    # The H100's false alarm: recorded at 0.8% per-step CV, measured another day at 5.4%
-    # and 8-14% slower with nothing planted. cpu keeps the rule off.
+    # After the H100's false alarm (recorded at 0.8% per-step CV, 8-14% slower at 0% planted
+    # 5.5 h later the same day; a later launch there spread 5.4%). cpu keeps the rule off.
     record(tmp_path, STEADY)
     jittery_and_slower = [0.17, 0.2, 0.185, 0.2, 0.17]  # -46% (beyond cpu's 40%), per-step CV 8.1% against 0.7%
     verdicts = {}

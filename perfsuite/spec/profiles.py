@@ -64,10 +64,12 @@ class HardwareProfile:
     #: A regression whose primary metric spreads step to step more than this many
     #: times as much as when its baseline was recorded (and by over 2%) is
     #: ``unreliable``: the machine is not in the state the baseline and its
-    #: tolerance describe. Seen on an H100 (2026-11-26, fourth session): BERT
-    #: fine-tuning AMP, recorded at 0.8% per-step CV, ran at 5.4% on another day
-    #: and fell 8-14% in two launches with nothing planted. None: off (cpu, where
-    #: the contention probe and wide tolerances cover a busy host).
+    #: tolerance describe. Seen on an H100 (2026-11-26): BERT fine-tuning AMP,
+    #: recorded at 04:14 UTC at 0.8% per-step CV, fell 8-14% in two launches with
+    #: nothing planted about 09:39 UTC the same day (fourth session). Those two
+    #: kept no per-step spread; a later gate run there spread 5.4% and passed at
+    #: -2.1%. Whether this rule would have caught the two is not known. None: off
+    #: (cpu, where the contention probe and wide tolerances cover a busy host).
     max_spread_growth: float | None = 3.0
     #: Whether a timed metric (``Metric.timed``: samples/s, TFLOP/s, ...) is judged against a
     #: baseline recorded on another processor (``perfsuite.launch.identity``). False on cpu: the
