@@ -65,10 +65,13 @@ class Launches:
 
     def info(self, scenario: BaseScenario, measurement: Measurement) -> dict[str, Any]:
         """Launcher, nodes this scenario used (Slurm takes as many as it needs),
-        ranks per host and how they started (``fork``, ``exec``: the profile's
-        ``rank_start``, as the ranks saw it)."""
+        ranks per host, how they started (``fork``, ``exec``: the profile's
+        ``rank_start`` or ``--perf-rank-start``, as the ranks saw it), and where the
+        deciding launch's time went: its ``timeline`` ([mark, seconds since spawn])
+        and ``overhead_s``, its wall time less rank 0's timed warmup and steps."""
         launcher, topology = self.launcher_for(scenario), self.topology(scenario)
-        reports = measurement.outcome.reports
+        outcome = measurement.outcome
+        reports = outcome.reports
         per_host: dict[str, int] = {}
         for report in reports:
             per_host[report.host] = per_host.get(report.host, 0) + 1
@@ -78,6 +81,8 @@ class Launches:
             "nnodes": topology.layout(scenario.world_size)[0] if topology else 1,
             "ranks_per_host": per_host,
             "rank_start": "+".join(started) or None,
+            "timeline": [[name, at] for name, at in outcome.timeline()],
+            "overhead_s": outcome.overhead_s,
         }
 
     def measure(self, scenario: BaseScenario, env: str, slowdown_pct: float | None, repeats: int) -> Measurement:

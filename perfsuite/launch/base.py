@@ -8,6 +8,7 @@ allocator (``std::bad_alloc``, SIGKILL) never writes its report.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from perfsuite.spec.protocol import ProtocolError, RankJob, RankReport, RankStart
+from perfsuite.spec.protocol import LAUNCH_MARKS, LaunchMark, ProtocolError, RankJob, RankReport, RankStart
 
 Status = Literal["ok", "oom", "timeout", "crash", "skipped"]
 
@@ -86,6 +87,35 @@ class LaunchOutcome:
     wall_s: float = 0.0
     failed_reports: Sequence[RankReport] = ()
     """Reports of the ranks that failed and said how (an OOM's allocations, when recorded), rank order."""
+    marks: Mapping[str, float] = field(default_factory=dict)
+    """The gate's marks of the launch's timeline (``spawn``, ``exit``: ``time.time()``)."""
+
+    def timeline(self) -> list[tuple[LaunchMark, float]]:
+        """Every mark the launch passed, in :data:`~perfsuite.spec.protocol.LAUNCH_MARKS` order, as
+        seconds since the gate's spawn: the gate's, rank 0's and its agent's, and ``end`` at the
+        wall time. Each is at least the one before (a process's start is read in 10 ms ticks).
+        Empty for a launcher that does not mark its spawn."""
+        spawn = self.marks.get("spawn")
+        if spawn is None:
+            return []
+        rank0 = next((r.marks for r in (*self.reports, *self.failed_reports) if r.rank == 0), {})
+        known = {**rank0, **self.marks, "end": spawn + self.wall_s}
+        found: list[tuple[LaunchMark, float]] = []
+        at = 0.0
+        for name in LAUNCH_MARKS:
+            if name in known:
+                at = max(at, known[name] - spawn)
+                found.append((name, round(at, 3)))
+        return found
+
+    @property
+    def overhead_s(self) -> float | None:
+        """Wall time less rank 0's timed warmup and measured steps: what the launch cost besides
+        measuring (None without rank 0's report)."""
+        rank0 = next((r for r in self.reports if r.rank == 0), None)
+        if rank0 is None:
+            return None
+        return round(self.wall_s - sum(rank0.warmup_times_s) - sum(rank0.step_times_s), 3)
 
 
 class Launcher(ABC):
@@ -134,8 +164,13 @@ def stderr_tail(job: WorkerJob, rank: int) -> str:
     return "\n".join(lines[-TAIL_LINES:]) or "(stderr empty)"
 
 
-def classify(job: WorkerJob, timed_out: bool, wall_s: float) -> LaunchOutcome:
-    """Decide ok / oom / timeout / crash / skipped from reports and stderr."""
+def classify(job: WorkerJob, timed_out: bool, wall_s: float, marks: Mapping[str, float] | None = None) -> LaunchOutcome:
+    """Decide ok / oom / timeout / crash / skipped from reports and stderr; ``marks``: the gate's
+    marks of the launch's timeline, kept in the outcome."""
+    return dataclasses.replace(_classified(job, timed_out, wall_s), marks=dict(marks or {}))
+
+
+def _classified(job: WorkerJob, timed_out: bool, wall_s: float) -> LaunchOutcome:
     reports = read_reports(job)
     ranks = range(job.world_size)
     skipped = [r for r in reports.values() if r.status == "skipped"]

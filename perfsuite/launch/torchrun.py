@@ -158,6 +158,7 @@ class TorchrunLauncher(Launcher):
         job.rank_job.write(job.spec_path)
         env = {**os.environ, **job.env, TOKEN_VAR: token}
         start = time.monotonic()
+        marks = {"spawn": time.time()}  # the launch's timeline, the gate's part (LaunchOutcome.timeline)
         deadline = start + job.timeout_s
         procs: list[subprocess.Popen[bytes]] = []
         timed_out = False
@@ -176,6 +177,7 @@ class TorchrunLauncher(Launcher):
                     )
             for proc in procs:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            marks["exit"] = time.time()
         except subprocess.TimeoutExpired:
             timed_out = True
             dump_worker_stacks(token)
@@ -184,7 +186,7 @@ class TorchrunLauncher(Launcher):
             for proc in procs:
                 kill_tagged(token, proc.pid)
                 proc.wait()
-        return classify(job, timed_out, time.monotonic() - start)
+        return classify(job, timed_out, time.monotonic() - start, marks)
 
 
 class LocalTorchrun(TorchrunLauncher):

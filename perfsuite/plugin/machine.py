@@ -1,7 +1,7 @@
 """This run's machine as the plugin sees it: its fingerprint, its hardware
-profile (with the price the command line or ini set) and the launcher that
-starts its workers, each made once per run and kept in the config's stash.
-Pytest side, torch-free.
+profile (with the price the command line or ini set, and how ranks start when
+the command line chose it) and the launcher that starts its workers, each made
+once per run and kept in the config's stash. Pytest side, torch-free.
 """
 
 from __future__ import annotations
@@ -46,8 +46,14 @@ def profile(config: pytest.Config) -> HardwareProfile:
         found = registry.get(name, machine)
     except ProfileError as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.stash[PROFILE_KEY] = _priced(config, found)
+    config.stash[PROFILE_KEY] = _started(config, _priced(config, found))
     return config.stash[PROFILE_KEY]
+
+
+def _started(config: pytest.Config, profile: HardwareProfile) -> HardwareProfile:
+    """The profile with how ranks start, when ``--perf-rank-start`` chose it for this run."""
+    chosen = config.getoption("--perf-rank-start")
+    return replace(profile, rank_start=chosen) if chosen else profile
 
 
 def _priced(config: pytest.Config, profile: HardwareProfile) -> HardwareProfile:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -17,6 +18,10 @@ from perfsuite.gate.settings import OP_PROFILE_MODES
 from perfsuite.launch.envs import EnvError, PythonEnv, parse_envs
 from perfsuite.plugin import exitstatus
 from perfsuite.reports.cost import Job
+from perfsuite.spec.protocol import RankStart
+
+#: ``--perf-rank-start`` takes these.
+RANK_STARTS: tuple[RankStart, ...] = get_args(RankStart)
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -105,6 +110,12 @@ def add_options(parser: pytest.Parser) -> None:
         default="local",
         help="how workers start: one torchrun agent here (local), --perf-nnodes agents "
         "rendezvousing at --perf-rdzv-endpoint (torchrun), or one agent per node via srun (slurm)",
+    )
+    group.addoption(
+        "--perf-rank-start",
+        choices=RANK_STARTS,
+        help="how each torchrun agent starts its ranks: fork (forks of the agent, which has imported torch) "
+        "or exec (a fresh interpreter each); default: the profile's rank_start (fork on cpu, exec on cuda)",
     )
     group.addoption("--perf-nnodes", metavar="N", type=int, default=1, help="nodes (torchrun launcher)")
     group.addoption("--perf-nproc-per-node", metavar="N", type=int, help="ranks per node (default: world_size / nodes)")

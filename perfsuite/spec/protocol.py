@@ -37,6 +37,37 @@ RankStart = Literal["fork", "exec"]
 RankStatus = Literal["ok", "oom", "crash", "skipped"]
 T = TypeVar("T")
 
+#: The marks of one launch's timeline, in the order they happen; each ends the stretch it
+#: names (:data:`LAUNCH_STRETCHES`). Wall-clock ``time.time()`` values, comparable across
+#: the processes of one host. The gate takes ``spawn``, ``exit`` and ``end``; the agent
+#: ``agent_start`` and ``agent_torch`` (passed to its ranks in :data:`AGENT_MARKS_VAR`); each
+#: rank the rest. A kind marks only what it has (``device``: cuda only; ``wrap``: training).
+LaunchMark = Literal[
+    "spawn", "agent_start", "agent_torch", "rank_start", "rank_imports", "device", "process_group",
+    "build", "wrap", "warmup", "measure", "report", "exit", "end",
+]  # fmt: skip
+LAUNCH_MARKS: tuple[LaunchMark, ...] = get_args(LaunchMark)
+#: What the stretch that ends at each mark is (``perfsuite explain --launch`` prints these).
+LAUNCH_STRETCHES: Mapping[LaunchMark, str] = {
+    "spawn": "gate spawns the torchrun agent",
+    "agent_start": "agent process created",
+    "agent_torch": "agent: interpreter, imports (torch)",
+    "rank_start": "torchrun: rendezvous, start ranks",
+    "rank_imports": "rank: interpreter, imports, job",
+    "device": "rank: set_device, CUDA context",
+    "process_group": "process group init",
+    "build": "model build, batches",
+    "wrap": "engine wrap, optimizer, compile",
+    "warmup": "warmup steps",
+    "measure": "measured steps",
+    "report": "report (runtime, fingerprint)",
+    "exit": "rank and agent exit",
+    "end": "gate: sweep leftover processes",
+}
+#: Environment variable through which a torchrun agent hands its own marks (JSON: mark -> time)
+#: to the ranks it starts, which put them in their reports.
+AGENT_MARKS_VAR = "PERFSUITE_AGENT_MARKS"
+
 
 class ProtocolError(ValueError):
     """A job or report does not match its dataclass; the message names the field."""
@@ -272,6 +303,8 @@ class RankReport:
     formula); rank 0's is kept."""
     op_profile: OpProfile | None = None
     """This rank's op profile (``RankJob.profile_steps``)."""
+    marks: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """When this rank (and its agent) reached each :data:`LaunchMark` it passed (``time.time()``)."""
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = encode(self)

@@ -1,33 +1,69 @@
 #!/usr/bin/env bash
-# The next GPU session's one call, prepared on CPU (fifth session, 2026-11-26, no GPU lent).
-# From the repo root, after `make gpu-kit`:
-#   run  command="bash docs/gpu-runs/next/device-call.sh"  carry=[".kit"]  kind=nvidia-h100-x1  timeout_s=560
-# A rerun on the warm machine: first extract the returned bootstrap.tar.gz at the repo root (it holds
-# build/bootstrap and the baselines the call recorded: tracked files travel as they are here), then
-# carry [".kit", "build/bootstrap"]. Otherwise give_back.
-#  1. The bootstrap, 380 s, on the 15 rows the H100 profile still lacks (compile, the plain-shape
-#     matmuls, vector_mul, the Trainer's other batches, tp1_pp1_mcore, ddp_fp32 at 80 GB). At their
-#     groups' measured costs (~35-60 s a baseline with its op profile) it records about six of them,
-#     cheapest group first; their cv and a 0% selftest (--levels 0: detection at 3/5/10% is measured,
-#     the 0% tally is short) run if time is left. tp1_pp1_mcore has never run: megatron-core needs CUDA.
-#  2. One CUDA OOM under a 20 GiB cap (oomcheck.py), to see the allocator snapshot's timeline
-#     (device_traces) that the fourth session's mend should keep. ~70-150 s.
+# The next GPU session's one call (issue 37), prepared on CPU on 2026-11-27 (no GPU lent), in the
+# issue's order: every engine on CUDA, the card-to-card panel, the launch overhead. From the repo
+# root, after `make gpu-kit`:
+#   run  command="bash docs/gpu-runs/next/device-call.sh"  carry=[".kit"]  kind=nvidia-h100-x1  timeout_s=540
+# Then commit what comes back (extract call.tar.gz at the repo root: the baselines it recorded are at
+# their tracked paths, the panel table over docs/gpu-runs/panel.csv) and write the run page.
+#  1. Engines, 200 s: record engines_1gpu (every engine at world size 1: ZeRO-1/2/3, ZeRO-3 with
+#     offload, FSDP2, fairscale OSS/ShardedDDP/FSDP, ZeroRedundancyOptimizer, DDP) and
+#     parallel_3d.tp1_pp1_mcore, one launch each, no op profile. None of these has ever run on a
+#     GPU: a row that fails keeps its rank, cause and stderr tail in engines-results.json and
+#     engines.log. Their calibration (cv) is the bootstrap's next step in a later session.
+#  2. The panel, 150 s (panel.sh): re-records its rows with card UUIDs the first time, then gates them.
+#  3. Launch overhead, 120 s: mixed_precision.amp with exec'd and forked ranks in turn, up to three
+#     each, same card, into a scratch baselines folder; `explain --launch` prints each breakdown
+#     (docs/lab/launch-overhead.md says what to read from it). A fork that crashes naming CUDA
+#     re-initialisation means the agent still initialised CUDA.
+# At most 8 files come back from $OUT: everything is packed into call.tar.gz beside call.log.
 set -u
 export PYTHONUNBUFFERED=1
 here=docs/gpu-runs/next
-missing="compile or gpu1_bs4 or gpu1_bs8 or gpu1_bs16_fp32 or matmul_fp16 or matmul_bf16 or matmul_fp32"
-missing="$missing or matmul_tf32 or matmul_fp8 or vector_mul or tp1_pp1_mcore or ddp_fp32"
-KIT=.kit OUT=$OUT bash scripts/gpu-bootstrap.sh 380s --levels 0 --trials 2 -k "$missing"
-echo "bootstrap exit $?"
-
-prefix=$(mktemp -d /tmp/kit2.XXXXXX)
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$prefix" .kit/*.whl
+KIT=${KIT:-.kit}
+OUT=${OUT:-build/device-call-out}
+work=build/device-call
+mkdir -p "$OUT" "$work"
+exec > >(tee -a "$OUT/call.log") 2>&1
 start=$(date +%s)
-PYTHONPATH=$prefix:$here timeout --kill-after=10 150 python3 -m pytest bench_tests/test_model_state_sharding.py \
-  -p oomcheck -k ddp_fp32 --perf-profile cuda-20gb-oomcheck --perf-artifacts build/oom-art \
-  -p no:cacheprovider -rA > "$OUT/oom.log" 2>&1
-echo "oom check exit $? in $(( $(date +%s) - start ))s" | tee -a "$OUT/oom.log"
-PYTHONPATH=$prefix python3 "$here/oomcheck.py" build/oom-art | tee "$OUT/oom-check.txt"
-tar czf "$OUT/oom-art.tar.gz" build/oom-art 2>/dev/null
-tail -25 "$OUT/oom.log"
+stage() { echo "== $1 at $(( $(date +%s) - start ))s"; }
+
+nvidia-smi --query-gpu=name,uuid,serial,pci.bus_id,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv
+prefix=$(mktemp -d /tmp/kit.XXXXXX)
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$prefix" "$KIT"/*.whl || exit 1
+export PYTHONPATH="$prefix${PYTHONPATH:+:$PYTHONPATH}"
+python3 -m perfsuite doctor --no-smoke > "$work/doctor.txt" 2>&1
+grep -E "^profile|engine|megatron|deepspeed|fairscale" "$work/doctor.txt" | head -20
+
+stage "1 engines on CUDA"
+engines=(bench_tests/test_engines_1gpu.py "bench_tests/test_parallel_3d.py::test_parallel_3d[parallel_3d.tp1_pp1_mcore]")
+timeout --kill-after=10 200 python3 -m pytest "${engines[@]}" -p no:cacheprovider -rA \
+  --perf-update-baselines --perf-op-profiles=off --perf-confirm=0 --perf-json "$work/engines-results.json" \
+  > "$work/engines.log" 2>&1
+echo "engines exit $?"
+grep -E "^(PASSED|FAILED|SKIPPED|ERROR)|perfsuite coverage" "$work/engines.log"
+python3 -m perfsuite explain "$work/engines-results.json" > "$work/engines-explain.txt" 2>&1
+
+stage "2 panel"
+OUT="$work/panel" PANEL_S=150 KIT="$KIT" bash "$here/panel.sh" > "$work/panel.log" 2>&1
+echo "panel exit $?"
+tail -20 "$work/panel.log"
+
+stage "3 launch overhead"
+scratch=$(mktemp -d /tmp/overhead-baselines.XXXXXX)
+row="bench_tests/test_mixed_precision.py::test_mixed_precision[mixed_precision.amp]"
+until=$(( $(date +%s) + 120 ))
+for run in exec-1 fork-1 exec-2 fork-2 exec-3 fork-3; do
+  [ "$(date +%s)" -lt "$until" ] || { echo "overhead: stage time spent, $run not run"; break; }
+  timeout --kill-after=10 40 python3 -m pytest "$row" -p no:cacheprovider -q --perf-rank-start "${run%-*}" \
+    --perf-baselines "$scratch" --perf-update-baselines --perf-op-profiles=off --perf-confirm=0 \
+    --perf-json "$work/overhead-$run.json" > "$work/overhead-$run.log" 2>&1
+  echo "overhead $run exit $?"
+  python3 -m perfsuite explain --launch "$work/overhead-$run.json" 2>&1 | tee -a "$work/overhead.txt"
+done
+
+stage "pack"
+profile=$(python3 -m perfsuite profile 2>/dev/null)
+tar czf "$OUT/call.tar.gz" "$work" "baselines/$profile" docs/gpu-runs/panel.csv 2>/dev/null
+[ -f "$work/panel/panel.csv" ] && cp "$work/panel/panel.csv" "$OUT/panel.csv"
+stage "done"
 ls -la "$OUT"

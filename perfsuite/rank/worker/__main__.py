@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from perfsuite.rank.worker import graph, watchdog
 from perfsuite.rank.worker.base import Runner
+from perfsuite.rank.worker.marks import mark, rank_started
 from perfsuite.rank.worker.profiling import OomRecorder, is_oom
 from perfsuite.rank.worker.quickexit import exit_now, exit_when_returned
 from perfsuite.rank.worker.runtime import (
@@ -52,6 +53,7 @@ def run(job: RankJob, runner: Runner, ctx: WorkerContext, reporter: Reporter) ->
     runner.check(ctx)
     reporter.phase("init")
     ctx.init_process_group()
+    reporter.mark("process_group")
     ctx.apply_limits(job)
     torch.manual_seed(job.seed)
     report = runner.run(ctx, reporter)
@@ -86,6 +88,7 @@ def name_process(name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    marks = rank_started()  # this rank's start, and its agent's marks
     argv = sys.argv[1:] if argv is None else argv
     name_process(f"{RANK_PROCESS_PREFIX}{os.environ.get('RANK', '')}")
     if forked():
@@ -98,10 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     watchdog.start()  # exit if the agent or the pytest process dies (SIGKILL leaves no one to stop us)
     job = RankJob.read(Path(argv[0]))
     runner: Runner = import_object(job.spec.runner)(job)  # before CUDA is touched
+    mark(marks, "rank_imports")
     ctx = WorkerContext.from_env(job.device)
-    reporter = Reporter(Path(job.reports_dir), ctx.rank)
+    reporter = Reporter(Path(job.reports_dir), ctx.rank, marks)
     recorder = OomRecorder(ctx.device, Path(job.reports_dir), ctx.rank) if job.explain_oom else None
     try:
+        if ctx.device.type == "cuda":
+            ctx.open_device()
+            reporter.mark("device")
         with recorder or contextlib.nullcontext():
             report, code = run(job, runner, ctx, reporter), 0
     except EngineUnavailable as exc:

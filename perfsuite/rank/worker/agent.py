@@ -11,7 +11,19 @@ and exit status, except that:
   given method. torch is imported once per node instead of once per rank.
   (torchrun ignores ``--start-method`` for a ``-m`` module, which it always
   runs as a new interpreter.) The file is found here, in the agent's own
-  interpreter, so every node and environment resolves its own copy.
+  interpreter, so every node and environment resolves its own copy;
+- it hands its ranks when it started and when it had imported torch
+  (:mod:`perfsuite.rank.worker.marks`), for the launch's timeline.
+
+Forked ranks can use CUDA only if the agent never initialised it. torchrun
+itself asks ``torch.cuda.is_available()`` while it builds its launch config
+(``LaunchConfig.__post_init__``, before it considers default NUMA bindings; torch 2.13):
+by default that is ``cudaGetDeviceCount``, which initialises the driver and
+registers torch's fork poison (``poison_fork`` in ``torch/csrc/cuda/Module.cpp``),
+so every forked rank's first CUDA call would raise "Cannot re-initialize CUDA
+in forked subprocess". An agent that forks therefore sets
+``PYTORCH_NVML_BASED_CUDA_CHECK=1``, under which ``is_available`` counts the
+GPUs through NVML and, in torch's words, does not poison fork.
 """
 
 from __future__ import annotations
@@ -20,11 +32,16 @@ import importlib.util
 import itertools
 import os
 import sys
+import time
 import traceback
 
+from perfsuite.rank.worker.marks import hand_to_ranks, process_start
 from perfsuite.rank.worker.quickexit import exit_now, flush_streams
 
 WORKER_MODULE = "perfsuite.rank.worker"
+#: Makes ``torch.cuda.is_available()`` (and ``device_count()``) ask NVML rather than
+#: initialise CUDA, which would leave forked ranks unable to use it (see above).
+NVML_CHECK = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
 def exit_status(exc: SystemExit) -> int:
@@ -52,13 +69,18 @@ def forked_ranks(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
+    started = process_start()
+    argv = forked_ranks(sys.argv[1:])
+    if argv != sys.argv[1:]:  # the ranks are forked
+        os.environ.update(NVML_CHECK)  # before torchrun's first question to torch.cuda
     from torch.distributed.run import main as torchrun
 
+    hand_to_ranks({"agent_start": started, "agent_torch": time.time()})
     # Ranks forked later must not inherit (and write a second time) what the
     # agent has buffered but not yet written.
     os.register_at_fork(before=flush_streams)
     try:
-        torchrun(forked_ranks(sys.argv[1:]))
+        torchrun(argv)
         code = 0
     except SystemExit as exc:
         code = exit_status(exc)

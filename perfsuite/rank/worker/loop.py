@@ -148,6 +148,7 @@ def measure(step: Step, job: RankJob, ctx: WorkerContext, reporter: Reporter) ->
             settle_from = len(warmup)
     if slowdown and not timer.burn_s:  # no warmup allowed: one reference step
         timer.burn_s = slowdown * slowest_rank(timer(), ctx)
+    reporter.mark("warmup")
     times: list[float] = []
     reference = Reference(job.reference_mib) if job.reference_mib else None
     # A launch that profiles needs only the unprofiled step time of its own from these steps.
@@ -160,6 +161,7 @@ def measure(step: Step, job: RankJob, ctx: WorkerContext, reporter: Reporter) ->
                 reference()
             memory.sample()
             health.sample()
+    reporter.mark("measure")
     return LoopResult(
         times,
         warmup,

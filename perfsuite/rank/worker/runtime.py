@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 from dataclasses import dataclass
@@ -11,7 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from perfsuite.spec.protocol import RankJob, RankReport
+from perfsuite.rank.worker.marks import Marks, mark
+from perfsuite.spec.protocol import LaunchMark, RankJob, RankReport
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,11 @@ class WorkerContext:
     def from_env(cls, device_kind: str) -> WorkerContext:
         rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
         if device_kind == "cuda":
+            if getattr(torch.cuda, "_is_in_bad_fork", lambda: False)():
+                raise RuntimeError(
+                    "this rank was forked from a torchrun agent that had initialised CUDA, and cannot use it: "
+                    "start ranks as fresh interpreters (rank_start='exec', --perf-rank-start=exec)"
+                )
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
             backend = "nccl"
@@ -48,6 +55,13 @@ class WorkerContext:
             apply_cpu_memory_budget(job.rank_memory_budget_mib)
         if job.device_memory_cap_mib and self.device.type == "cuda":
             apply_cuda_memory_cap(self.device, job.device_memory_cap_mib)
+
+    def open_device(self) -> None:
+        """cuda: create this rank's CUDA context now (a tiny op, synchronised), so the
+        launch's timeline shows what it costs apart from the process group's setup."""
+        if self.device.type == "cuda":
+            torch.ones(1, device=self.device).add_(1)
+            torch.cuda.synchronize(self.device)
 
     def synchronize(self) -> None:
         """Wait for queued device work, so host clocks measure finished steps."""
@@ -107,11 +121,17 @@ def runtime_fingerprint() -> dict[str, Any]:
 
 
 class Reporter:
-    """Writes this rank's progress (``rankN.phase``) and final report (``rankN.json``)."""
+    """Writes this rank's progress (``rankN.phase``) and final report (``rankN.json``),
+    and keeps the marks of the launch's timeline it passed, which the report carries."""
 
-    def __init__(self, folder: Path, rank: int) -> None:
+    def __init__(self, folder: Path, rank: int, marks: Marks | None = None) -> None:
         self.folder, self.rank = folder, rank
+        self.marks: Marks = dict(marks or {})
         folder.mkdir(parents=True, exist_ok=True)
+
+    def mark(self, name: LaunchMark) -> None:
+        """This rank has reached ``name`` (:data:`~perfsuite.spec.protocol.LAUNCH_MARKS`)."""
+        mark(self.marks, name)
 
     def phase(self, text: str) -> None:
         # Replaced whole, never truncated in place: the progress line polls
@@ -122,4 +142,6 @@ class Reporter:
         os.replace(tmp, self.folder / f"rank{self.rank}.phase")
 
     def write(self, report: RankReport) -> None:
-        report.write(self.folder / f"rank{self.rank}.json")
+        """Write ``report`` with the marks passed, ``report`` (now) the last."""
+        self.mark("report")
+        dataclasses.replace(report, marks=self.marks).write(self.folder / f"rank{self.rank}.json")

@@ -66,8 +66,10 @@ class TrainRunner(Runner):
             training_batch(model, spec.model, spec.seq_len, ctx.device, rows, seed=replica * 1000 + i)
             for i in range(BATCH_POOL)
         ]
+        reporter.mark("build")
         reporter.phase("wrap")
         graph.setup(strategy, model, spec.graph, ctx.device)
+        reporter.mark("wrap")
         del model  # the strategy holds what it needs; a stray reference skews memory
         losses: deque[float] = deque(maxlen=spec.steps)
         applied: deque[bool] = deque(maxlen=spec.steps)

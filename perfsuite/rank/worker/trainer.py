@@ -86,6 +86,7 @@ class StepClock(TrainerCallback):
 
     def on_step_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         if self.measuring and not self.times:
+            self.reporter.mark("warmup")
             # Peaks from the first measured step on (CUDA allocator peak, cpu VmHWM reset).
             self.memory.__enter__()
             self.health.__enter__()
@@ -114,6 +115,7 @@ class StepClock(TrainerCallback):
         self.memory.sample()
         self.health.sample()
         if len(self.times) == self.spec.steps:
+            self.reporter.mark("measure")
             self.memory.__exit__(None, None, None)
             self.health.__exit__(None, None, None)
 
@@ -185,6 +187,7 @@ class TrainerRunner(Runner):
                 callbacks=[clock],
             )
             clock.accelerator = trainer.accelerator
+            reporter.mark("build")
             reporter.phase("train")
             output = trainer.train()
         # The last collective before the checks: a check that fails on one rank
