@@ -57,11 +57,10 @@ class WorkerContext:
             apply_cuda_memory_cap(self.device, job.device_memory_cap_mib)
 
     def open_device(self) -> None:
-        """cuda: create this rank's CUDA context now (a tiny op, synchronised), so the
+        """Create this rank's CUDA context now (a tiny op, synchronised; cuda only), so the
         launch's timeline shows what it costs apart from the process group's setup."""
-        if self.device.type == "cuda":
-            torch.ones(1, device=self.device).add_(1)
-            torch.cuda.synchronize(self.device)
+        torch.ones(1, device=self.device).add_(1)
+        torch.cuda.synchronize(self.device)
 
     def synchronize(self) -> None:
         """Wait for queued device work, so host clocks measure finished steps."""

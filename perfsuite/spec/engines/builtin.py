@@ -205,6 +205,17 @@ NO_COMPILE_FAIRSCALE = (
     "fairscale's wrappers predate torch.compile and document no way to compose with it; perfsuite compiles "
     "under ddp, torch_zero, fsdp2, deepspeed_zero and tp_pp"
 )
+#: Why an engine other than DDP takes no ORTModule graph.
+ORT_WRAPS_DDP_ONLY = "ORTModule's recipe wraps DDP alone (DDP(ORTModule(model)))"
+#: What fairscale's three engines share: their extra, their import and why none compiles.
+FAIRSCALE: Mapping[str, Any] = MappingProxyType(
+    {
+        "extra": "fairscale",
+        "requires": ("fairscale",),
+        "packages": ("fairscale",),
+        "why_not_graph": NO_COMPILE_FAIRSCALE,
+    }
+)
 
 for spec in (
     EngineSpec(
@@ -219,7 +230,7 @@ for spec in (
         "perfsuite.rank.strategies.torch_zero:TorchZeroStrategy",
         options=WrappedOptimizerOptions,
         graphs=COMPILED,
-        why_not_graph="ORTModule's recipe wraps DDP alone (DDP(ORTModule(model)))",
+        why_not_graph=ORT_WRAPS_DDP_ONLY,
         description="torch ZeroRedundancyOptimizer + DDP (optimizer-state sharding)",
     ),
     EngineSpec(
@@ -227,28 +238,22 @@ for spec in (
         "perfsuite.rank.strategies.fsdp2:FSDP2Strategy",
         options=FSDP2Options,
         graphs=COMPILED,
-        why_not_graph="ORTModule's recipe wraps DDP alone (DDP(ORTModule(model)))",
+        why_not_graph=ORT_WRAPS_DDP_ONLY,
         description="torch fully_shard per block",
     ),
     EngineSpec(
         "fairscale_oss",
         "perfsuite.rank.strategies.fairscale_oss:FairscaleOSSStrategy",
         options=WrappedOptimizerOptions,
-        why_not_graph=NO_COMPILE_FAIRSCALE,
         description="fairscale OSS + DDP",
-        extra="fairscale",
-        requires=("fairscale",),
-        packages=("fairscale",),
+        **FAIRSCALE,
     ),
     EngineSpec(
         "fairscale_sdp",
         "perfsuite.rank.strategies.fairscale_sdp:FairscaleSDPStrategy",
         options=ShardedDDPOptions,
-        why_not_graph=NO_COMPILE_FAIRSCALE,
         description="fairscale OSS + ShardedDataParallel",
-        extra="fairscale",
-        requires=("fairscale",),
-        packages=("fairscale",),
+        **FAIRSCALE,
     ),
     EngineSpec(
         "fairscale_fsdp",
@@ -262,18 +267,15 @@ for spec in (
             )
         },
         options=StepOptions,
-        why_not_graph=NO_COMPILE_FAIRSCALE,
         description="fairscale FullyShardedDataParallel per block",
-        extra="fairscale",
-        requires=("fairscale",),
-        packages=("fairscale",),
+        **FAIRSCALE,
     ),
     EngineSpec(
         "deepspeed_zero",
         "perfsuite.rank.strategies.deepspeed_zero:DeepSpeedZeroStrategy",
         options=ZeroOptions,
         graphs=COMPILED,
-        why_not_graph="ORTModule's recipe wraps DDP alone (DDP(ORTModule(model)))",
+        why_not_graph=ORT_WRAPS_DDP_ONLY,
         extra="deepspeed",
         requires=("deepspeed",),
         packages=("deepspeed",),
@@ -287,7 +289,7 @@ for spec in (
         axes=("dp", "tp", "pp"),
         model_families=SPLITTABLE,
         graphs=COMPILED,
-        why_not_graph="ORTModule's recipe wraps DDP alone (DDP(ORTModule(model)))",
+        why_not_graph=ORT_WRAPS_DDP_ONLY,
         description="DTensor tensor parallel x torch.distributed.pipelining x dp gradient averaging",
     ),
     EngineSpec(
