@@ -9,7 +9,9 @@ Python, which holds this environment's packages (torch, the engines) but not per
 Every ``${{ }}`` expression and ``if:`` the workflow uses must be one this file knows, so a
 changed workflow fails here until its test follows. ``uses:`` steps (checkout, artifacts, the
 baseline pull request) are what the test does around the jobs: it commits the recorded
-baselines as the merged pull request would.
+baselines as the merged pull request would. An ``actions/cache`` step's inputs are expanded
+where it stands, as the action reads them, and kept with the job's steps: the folder and key
+it would restore and save (a fresh runner restores nothing).
 
 CI runs the slice: red on a profile without baselines, naming the record job; the record job's
 update; green once they are committed. ``make test-slow`` runs the whole: a planted slowdown in
@@ -57,8 +59,23 @@ class Step:
 class Context:
     event: Event
     env: dict[str, str]
+    workspace: Path
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)
     failed: bool = False
+
+
+class Ran(list[Step]):
+    """The steps a job ran, in order; the environment it ended with; and its ``actions/cache``
+    steps' inputs (path, key, restore-keys), expanded."""
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__()
+        self.env = ctx.env
+        self.caches: list[dict[str, str]] = []
+
+
+#: What the runner says of itself (``runner.os``, ``runner.arch``), and this run's id.
+RUNNER_OS, RUNNER_ARCH, RUN_ID = "Linux", "X64", "4242"
 
 
 #: Every expression the workflow uses, and its value here.
@@ -73,6 +90,11 @@ EXPRESSIONS: dict[str, Callable[[Context], str]] = {
     "inputs.record": lambda c: c.event.inputs.get("record", ""),
     "inputs.keyword": lambda c: c.event.inputs.get("keyword", ""),
     "steps.profile.outputs.profile": lambda c: c.outputs.get("profile", {}).get("profile", ""),
+    "github.workspace": lambda c: str(c.workspace),
+    "github.run_id": lambda _: RUN_ID,
+    "runner.os": lambda _: RUNNER_OS,
+    "runner.arch": lambda _: RUNNER_ARCH,
+    "steps.inductor.outputs.versions": lambda c: c.outputs.get("inductor", {}).get("versions", ""),
 }
 
 
@@ -102,15 +124,17 @@ def expand(text: str, ctx: Context) -> str:
     return text
 
 
-def run_job(repo: Path, workflow: Mapping[str, Any], job: str, event: Event, env: Mapping[str, str]) -> list[Step]:
+def run_job(repo: Path, workflow: Mapping[str, Any], job: str, event: Event, env: Mapping[str, str]) -> Ran:
     """The job's ``run:`` steps, in order, with GitHub's semantics for ``if:`` and outputs."""
     spec = workflow["jobs"][job]
-    ctx = Context(event, dict(env))
+    ctx = Context(event, dict(env), repo)
     for scope in (workflow.get("env", {}), spec.get("env", {})):
         ctx.env.update({k: expand(str(v), ctx) for k, v in scope.items()})
-    done: list[Step] = []
+    done = Ran(ctx)
     for index, step in enumerate(spec["steps"]):
         if "run" not in step:
+            if step["uses"].startswith("actions/cache@") and not ctx.failed:
+                done.caches.append({k: expand(str(v), ctx) for k, v in step["with"].items()})
             continue  # uses: the test does what these do
         condition = step.get("if")
         if condition is not None:
@@ -198,7 +222,7 @@ def _prepare_venv(venv: Path, runner_python: Path) -> None:
     Path(purelib, "runner-system-site.pth").write_text(str(runner_python / "site-packages") + "\n")
 
 
-def job(team: tuple[Path, dict[str, str], dict[str, Any]], name: str, event: str, **inputs: str) -> list[Step]:
+def job(team: tuple[Path, dict[str, str], dict[str, Any]], name: str, event: str, **inputs: str) -> Ran:
     repo, env, spec = team
     return run_job(repo, spec["workflow"], name, Event(event, inputs, spec["vars"]), env)
 
@@ -230,6 +254,25 @@ def test_the_workflow_passes_actionlint_and_knows_every_expression(tmp_path: Pat
     assert "contents" not in workflow["permissions"] or workflow["permissions"]["contents"] == "read"
 
 
+def test_both_jobs_keep_inductors_cache_in_the_folder_the_ranks_compile_to(tmp_path: Path) -> None:
+    """torch.compile's kernels survive the run: the workflow points inductor at a folder in the
+    workspace (an installed perfsuite would use ~/.cache, which no step saves), and each job
+    restores it before anything compiles and saves it after, keyed on what makes them stale."""
+    init(tmp_path, Model.parse(None), force=False)
+    workflow = yaml.safe_load((tmp_path / ".github" / "workflows" / "perf.yml").read_text())
+    folder = workflow["env"]["TORCHINDUCTOR_CACHE_DIR"]
+    for name, measures in (("gate", "Gate"), ("record", "Record")):
+        steps = workflow["jobs"][name]["steps"]
+        names = [s.get("name", "") for s in steps]
+        caches = [s for s in steps if s.get("uses", "").startswith("actions/cache@")]
+        assert len(caches) == 1, f"job {name}: no actions/cache step keeps inductor's kernels"
+        kept = caches[0]["with"]
+        assert folder == "${{ github.workspace }}/" + kept["path"]
+        assert kept["key"] == kept["restore-keys"] + "${{ github.run_id }}"  # a run saves what it added
+        assert names.index("Install perfsuite") < names.index("Inductor cache key") < steps.index(caches[0])
+        assert steps.index(caches[0]) < names.index(measures)
+
+
 @pytest.mark.serial  # its green run must pass as measured: a neighbouring test's launches would be contention
 def test_a_fresh_runner_is_red_until_the_record_job_baselines_are_merged_then_green(team: Any) -> None:
     repo = team[0]
@@ -244,8 +287,19 @@ def test_a_fresh_runner_is_red_until_the_record_job_baselines_are_merged_then_gr
     merge(repo, "baselines of cpu")
     green = job(team, "gate", "pull_request")
     assert failed(green) == [], [s.output[-3000:] for s in green]
-    assert [s.name for s in green] == ["Install perfsuite", "Profile", "Gate", "Job summary and HTML report"]
+    assert [s.name for s in green] == [
+        "Install perfsuite", "Inductor cache key", "Profile", "Gate", "Job summary and HTML report"
+    ]  # fmt: skip
     assert (repo / "perf-report.html").is_file()
+    # Inductor's cache: the folder the ranks were given is the one saved, under this runner's torch.
+    import torch
+
+    versions = f"py{sys.version_info[0]}.{sys.version_info[1]}-torch{torch.__version__}"
+    prefix = f"perf-inductor-{RUNNER_OS}-{RUNNER_ARCH}-{versions}-{torch.backends.cpu.get_cpu_capability()}-"
+    for ran in (recorded, green):
+        (cache,) = ran.caches
+        assert ran.env["TORCHINDUCTOR_CACHE_DIR"] == str(repo / cache["path"])
+        assert (cache["key"], cache["restore-keys"]) == (prefix + RUN_ID, prefix)
 
 
 @pytest.mark.slow  # ~2 min: tiers, a planted slowdown and the shared history, end to end

@@ -79,12 +79,49 @@ def test_ci_runs_the_readme_test_command_with_pip_caching() -> None:
     runs = [s.get("run", "") for s in steps("ci.yml")]
     assert "make test" in runs
     assert any("scripts/system-packages.sh" in r for r in runs[: runs.index("make test")])
-    cache = next(s for s in steps("ci.yml") if s.get("uses", "").startswith("actions/cache@"))
     (job,) = workflow("ci.yml")["jobs"].values()
-    assert cache["with"]["path"] == job["env"]["PIP_CACHE_DIR"] and "pyproject.toml" in cache["with"]["key"]
+    cache = next(s for s in steps("ci.yml") if s.get("with", {}).get("path") == job["env"]["PIP_CACHE_DIR"])
+    assert cache["uses"].startswith("actions/cache@") and "pyproject.toml" in cache["with"]["key"]
     assert "workflows" in job["env"]["EXTRAS"].split(",")  # actionlint for this file's tests
     checkout = next(s for s in steps("ci.yml") if s.get("uses", "").startswith("actions/checkout@"))
     assert checkout["with"]["fetch-depth"] >= 2  # make test's ab-rev needs HEAD~1
+
+
+@pytest.mark.parametrize(("name", "runs"), [("ci.yml", "make test"), ("gpu-bench.yml", "make bench"),
+                                            ("update-baselines.yml", "make bench")])  # fmt: skip
+def test_the_workflows_keep_inductors_cache_between_runs(
+    name: str, runs: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The folder where a checkout's ranks keep torch.compile's kernels is restored before the
+    scenarios run and saved after, under a key naming what makes them stale. The GPU workflows
+    need it as much as ci.yml: checkout's clean removes build/ on a self-hosted runner too."""
+    import torch
+
+    from perfsuite.rank.worker import graph
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # so that the folder pinned below is unset afterwards
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    graph.pin_inductor_cache()
+    pinned = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).relative_to(ROOT).as_posix()
+    job = steps(name)
+    names = [s.get("name", "") for s in job]
+    kept = [s for s in job if s.get("uses", "").startswith("actions/cache@") and s["with"]["path"] == pinned]
+    assert kept, f"{name}: no actions/cache step keeps {pinned}, where the ranks compile to"
+    key, restore = kept[0]["with"]["key"], kept[0]["with"]["restore-keys"]
+    assert key == restore + "${{ github.run_id }}"  # every run saves what it added; the next restores the newest
+    for part in ("runner.os", "runner.arch", "steps.inductor.outputs.versions"):
+        assert "${{ " + part + " }}" in restore
+    versions = job[names.index("Inductor cache key")]
+    assert versions["id"] == "inductor"
+    output = tmp_path / "output"
+    script = versions["run"].replace(".venv/bin/python", sys.executable)
+    subprocess.run(
+        ["bash", "-eo", "pipefail", "-c", script], env={**os.environ, "GITHUB_OUTPUT": str(output)}, check=True
+    )
+    python, isa = f"{sys.version_info[0]}.{sys.version_info[1]}", torch.backends.cpu.get_cpu_capability()
+    assert output.read_text() == f"versions=py{python}-torch{torch.__version__}-{isa}\n"
+    scenarios = next(i for i, s in enumerate(job) if runs in s.get("run", ""))
+    assert names.index("make setup") < names.index("Inductor cache key") < job.index(kept[0]) < scenarios
 
 
 @pytest.mark.parametrize("name", ["gpu-bench.yml", "update-baselines.yml"])
