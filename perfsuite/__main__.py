@@ -54,6 +54,7 @@ from perfsuite.commands import init as scaffold
 from perfsuite.commands import report as htmlreport_cli
 from perfsuite.commands.bootstrap import pool
 from perfsuite.commands.cliargs import at_least, duration, levels
+from perfsuite.launch import warm
 from perfsuite.spec.files import atomic_write_json
 
 
@@ -151,6 +152,7 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
     outcome is read from its results file, so a scenario that did not run
     (skipped here) stops the self-test instead of counting as "not caught"."""
     rows: list[dict[str, Any]] = []
+    warm.share_with_children()  # the trials fork their launches from one parent per import set
     with tempfile.TemporaryDirectory(prefix="perfsuite-selftest-") as tmp:
         out = Path(tmp) / "results.json"
         for level in ns.levels:

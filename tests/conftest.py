@@ -12,9 +12,17 @@ from typing import Any
 import psutil
 import pytest
 
+from perfsuite.launch import warm
 from perfsuite.spec.protocol import RANK_PROCESS_PREFIX
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _warm_parents_shared() -> None:
+    """One warm parent per import set for this process (an xdist worker) and every pytest it
+    starts: a self-test's launches pay no imports after the first (perfsuite.launch.warm)."""
+    warm.share_with_children()
 
 
 @pytest.fixture(autouse=True)

@@ -113,3 +113,21 @@ def test_a_rank_killed_by_sigkill_is_the_rank_blamed_and_the_signal_named(projec
     assert "killed by SIGKILL (signal 9)" in result["failure"]["message"]
     assert "OOM killer" in result["failure"]["message"]
     assert not wait_for_no_leftovers(project, 10)
+
+
+def test_sigkill_of_a_warm_agent_leaves_nothing_running(project: pytest.Pytester) -> None:
+    """The agent a warm parent forked (the cpu default), killed mid-measurement: its ranks notice
+    their agent is gone, the launch fails, and nothing of it runs 10 s later; the parent lives on."""
+    out = project.path / "r.json"
+    run = start(project, f"--perf-json={out}")
+    wait_until_measuring(project, run)
+    ranks = rank_processes(project.path).values()
+    (agent,) = {psutil.Process(rank.ppid()) for rank in ranks}
+    parent = psutil.Process(agent.ppid())
+    assert "perfsuite.rank.worker.warmparent" in " ".join(parent.cmdline())
+    struck = time.monotonic()
+    agent.kill()
+    wait_for_exit(run, EXIT_WITHIN_S)
+    assert not wait_for_no_leftovers(project, 10 - (time.monotonic() - struck))
+    assert json.loads(out.read_text())["results"][0]["verdict"] == "error"
+    assert parent.is_running() and parent.status() != psutil.STATUS_ZOMBIE

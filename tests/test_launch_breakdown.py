@@ -113,9 +113,9 @@ def launched(pytester: pytest.Pytester, *args: str) -> dict[str, Any]:
     return dict(found)
 
 
-@pytest.mark.parametrize("start", ["exec", "fork"])
+@pytest.mark.parametrize("start", ["exec", "fork", "warm"])
 def test_a_launch_keeps_its_timeline_in_order_and_its_overhead(pytester: pytest.Pytester, start: str) -> None:
-    """``--perf-rank-start`` overrides the profile's ``rank_start`` (fork on cpu) and the results
+    """``--perf-rank-start`` overrides the profile's ``rank_start`` (warm on cpu) and the results
     file says how the ranks started; the timeline has every mark of a cpu training launch, in
     order, from the spawn to the wall time; the overhead is the wall time less the timed steps."""
     result = launched(pytester, f"--perf-rank-start={start}")
@@ -131,6 +131,29 @@ def test_a_launch_keeps_its_timeline_in_order_and_its_overhead(pytester: pytest.
     timed = result["wall_s"] - launch["overhead_s"]
     assert 0 < timed <= at["measure"] - at["wrap"] + 0.002
     assert 0 < launch["overhead_s"] < result["wall_s"]
+    assert ("warm" in launch) == (start == "warm")
+    if start == "warm":  # the parent imported the row's runner, engine and model classes; the agent nothing
+        assert launch["warm"]["preloaded"] == ["perfsuite.rank.strategies.ddp", "perfsuite.rank.worker.train"]
+        assert at["agent_torch"] - at["agent_start"] < 0.5
+
+
+def test_explain_names_what_a_warm_parent_saved_and_why_a_launch_was_not_warm() -> None:
+    timeline = [["spawn", 0.0], ["agent_torch", 0.1], ["measure", 3.0], ["end", 4.0]]
+    parent = {"parent_pid": 42, "imports_s": 6.25, "preloaded": ["transformers.models.bert.modeling_bert"],
+              "failed": {}, "started_for_this_launch": False}  # fmt: skip
+    result = {"id": "g.s", "status": "ok", "wall_s": 4.0,
+              "launch": {"rank_start": "warm", "timeline": timeline, "overhead_s": 1.5, "warm": parent}}  # fmt: skip
+    lines = launch_lines(result)
+    assert lines[0].endswith("ranks started by warm")
+    assert lines[-1].strip() == (
+        "warm parent (pid 42): 6.25 s of imports (torch, torch._dynamo, transformers.models.bert.modeling_bert) "
+        "paid once for the run, not by this launch's agent and ranks (paid before this launch)"
+    )
+    result["launch"] = {"rank_start": "fork", "timeline": timeline, "overhead_s": 1.5,
+                        "rank_start_note": "the warm parent (pid 42) died; the next launch starts another"}  # fmt: skip
+    assert launch_lines(result)[-1].strip() == (
+        "not started as asked: the warm parent (pid 42) died; the next launch starts another"
+    )
 
 
 def test_a_bad_rank_start_is_a_usage_error_naming_the_option(pytester: pytest.Pytester) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -72,21 +73,32 @@ def test_slurm_starts_one_torchrun_agent_per_node(tmp_path: Path) -> None:
     assert words[-3:] == ["-m", "perfsuite.rank.worker", str(job.spec_path)]
 
 
-def test_ranks_fork_on_cpu_and_exec_on_cuda_unless_the_profile_says() -> None:
-    assert (CPU.rank_start, CUDA_32GB.rank_start) == ("fork", "exec")
+def test_ranks_start_warm_on_cpu_and_exec_on_cuda_unless_the_profile_says() -> None:
+    assert (CPU.rank_start, CUDA_32GB.rank_start) == ("warm", "exec")
     assert HardwareProfile("mine", "cuda", rank_start="fork").rank_start == "fork"
-    with pytest.raises(ProfileError, match="rank_start must be 'fork' or 'exec'"):
+    with pytest.raises(ProfileError, match="rank_start must be one of warm, fork, exec, not 'spawn'"):
         HardwareProfile("mine", "cpu", rank_start="spawn")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("start", ["fork", "exec"])
+@pytest.mark.parametrize("start", ["warm", "fork", "exec"])
 def test_the_agent_is_asked_to_fork_only_for_forked_ranks(tmp_path: Path, start: str) -> None:
     job = WorkerJob(rank_job(tmp_path, 2), 2, 60, tmp_path, rank_start=start)  # type: ignore[arg-type]
     (cmd,) = TorchrunLauncher().commands(job, "127.0.0.1:1234", "run1")
     assert cmd[-3:] == ["-m", "perfsuite.rank.worker", str(job.spec_path)]
-    assert ("--start-method" in cmd) == (start == "fork")
-    if start == "fork":
+    assert ("--start-method" in cmd) == (start != "exec")
+    if start != "exec":
         assert cmd[cmd.index("--start-method") + 1] == "fork"
+
+
+def test_multi_node_and_other_pythons_start_their_agents_fresh(tmp_path: Path) -> None:
+    """A warm parent serves one host's one agent, in this interpreter; the rest keep exec'd agents."""
+    job = WorkerJob(rank_job(tmp_path, 4), 4, 60, tmp_path, rank_start="warm")
+    parent, why = TorchrunLauncher(Topology(nnodes=2)).warm_parent(job, {})
+    assert parent is None and why == "2 nodes: each node's agent starts as a fresh interpreter"
+    other = WorkerJob(rank_job(tmp_path, 2), 2, 60, tmp_path, python="/opt/env/bin/python", rank_start="warm")
+    parent, why = TorchrunLauncher().warm_parent(other, {})
+    assert parent is None and why == "another Python environment (/opt/env/bin/python) starts fresh interpreters"
+    assert TorchrunLauncher().warm_parent(dataclasses.replace(other, rank_start="fork"), {}) == (None, "")
 
 
 def test_the_agent_runs_the_worker_file_in_its_forks() -> None:
@@ -112,7 +124,7 @@ def pytest_perfsuite_profiles():
 
 @pytest.mark.parametrize("profile", ["cpu", "cpu-exec"])
 def test_ranks_start_as_the_profile_says(pytester: pytest.Pytester, profile: str) -> None:
-    """Forked (the cpu default) or fresh interpreters (the cuda default, here on
+    """Warm (the cpu default) or fresh interpreters (the cuda default, here on
     cpu): either trains, and the results file says how its ranks started."""
     pytester.makeconftest(EXEC_CONFTEST)
     pytester.makepyfile(test_bench=PIPELINE)
@@ -121,7 +133,7 @@ def test_ranks_start_as_the_profile_says(pytester: pytest.Pytester, profile: str
     result.assert_outcomes(skipped=1)  # no baseline: it trained and was measured
     (res,) = json.loads(out.read_text())["results"]
     assert res["status"] == "ok"
-    assert res["launch"]["rank_start"] == ("exec" if profile == "cpu-exec" else "fork")
+    assert res["launch"]["rank_start"] == ("exec" if profile == "cpu-exec" else "warm")
 
 
 def test_ports_asked_for_together_are_distinct() -> None:

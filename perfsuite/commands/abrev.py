@@ -35,6 +35,7 @@ else:  # pragma: no cover - the tomli dependency on 3.10
 from perfsuite.judge.abtest import REV_TOLERANCE as DEFAULT_TOLERANCE
 from perfsuite.judge.abtest import ABResult, run_ab, summary_lines
 from perfsuite.judge.contention import Contention, contended
+from perfsuite.launch import warm
 from perfsuite.spec.profiles import CPU
 
 BASE, CANDIDATE = "base", "candidate"
@@ -141,6 +142,7 @@ def add_parser(commands: Any) -> None:
 def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
     """0: no regression; 1: a regression; 2: bad input; 3: nothing could be compared (not judged)."""
     here = Path.cwd()
+    warm.share_with_children()  # each side's launches fork from that side's parent, every pair
     with tempfile.TemporaryDirectory(prefix="perfsuite-ab-rev.") as scratch:
         base = Path(scratch) / "base"
         try:

@@ -93,4 +93,25 @@ def launch_lines(result: Mapping[str, Any]) -> list[str]:
         if overhead is not None and wall
         else "overhead: unknown (no rank 0 report)"
     )
-    return [head, *(f"  {line}" for line in table(LAUNCH_COLUMNS, rows)), f"  {tail}"]
+    return [head, *(f"  {line}" for line in table(LAUNCH_COLUMNS, rows)), f"  {tail}", *start_lines(launch)]
+
+
+def start_lines(launch: Mapping[str, Any]) -> list[str]:
+    """What a warm parent saved the launch (the imports it had paid, once per run), or why the
+    launch did not start as asked."""
+    lines = []
+    parent = launch.get("warm")
+    if parent:
+        modules = ", ".join(["torch", "torch._dynamo", *parent.get("preloaded", [])])
+        paid = (
+            "this launch started the parent and waited for them"
+            if parent.get("started_for_this_launch")
+            else "paid before this launch"
+        )
+        lines.append(
+            f"  warm parent (pid {parent['parent_pid']}): {parent['imports_s']:.2f} s of imports ({modules}) "
+            f"paid once for the run, not by this launch's agent and ranks ({paid})"
+        )
+    if launch.get("rank_start_note"):
+        lines.append(f"  not started as asked: {launch['rank_start_note']}")
+    return lines

@@ -65,8 +65,9 @@ class Launches:
 
     def info(self, scenario: BaseScenario, measurement: Measurement) -> dict[str, Any]:
         """Launcher, nodes this scenario used (Slurm takes as many as it needs),
-        ranks per host, how they started (``fork``, ``exec``: the profile's
-        ``rank_start`` or ``--perf-rank-start``, as the ranks saw it), and where the
+        ranks per host, how they started (``warm``, ``fork``, ``exec``: the profile's
+        ``rank_start`` or ``--perf-rank-start``, as the launch went; with the reason when it
+        went otherwise, and a warm launch's parent), and where the
         deciding launch's time went: its ``timeline`` ([mark, seconds since spawn])
         and ``overhead_s``, its wall time less rank 0's timed warmup and steps."""
         launcher, topology = self.launcher_for(scenario), self.topology(scenario)
@@ -76,11 +77,14 @@ class Launches:
         for report in reports:
             per_host[report.host] = per_host.get(report.host, 0) + 1
         started = sorted({"fork" if report.forked else "exec" for report in reports})
+        forked = outcome.started if outcome.started and started == ["fork"] else None
         return {
             "launcher": launcher.name,
             "nnodes": topology.layout(scenario.world_size)[0] if topology else 1,
             "ranks_per_host": per_host,
-            "rank_start": "+".join(started) or None,
+            "rank_start": forked or "+".join(started) or None,
+            **({"rank_start_note": outcome.start_note} if outcome.start_note else {}),
+            **({"warm": dict(outcome.warm)} if outcome.warm else {}),
             "timeline": [[name, at] for name, at in outcome.timeline()],
             "overhead_s": outcome.overhead_s,
         }
@@ -185,6 +189,7 @@ class Launches:
             self.gpu_labels(),
             python.python,
             rank_start=profile.rank_start or "exec",  # resolved by the profile; never None
+            preload=scenario.rank_imports(),
         )
 
 

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from perfsuite.spec.protocol import LAUNCH_MARKS, LaunchMark, ProtocolError, RankJob, RankReport, RankStart
 
@@ -47,6 +47,8 @@ class WorkerJob:
     devices: tuple[str, ...] = ()  # this host's visible GPUs (index or UUID), split among emulated nodes
     python: str = sys.executable  # interpreter of the agents and ranks (a named environment's)
     rank_start: RankStart = "exec"
+    preload: tuple[str, ...] = ()
+    """Modules the ranks import beyond torch and perfsuite's worker (a ``warm`` parent imports them first)."""
 
     def node_of(self, rank: int) -> tuple[int, int]:
         """(node, local rank) of a global rank."""
@@ -89,6 +91,13 @@ class LaunchOutcome:
     """Reports of the ranks that failed and said how (an OOM's allocations, when recorded), rank order."""
     marks: Mapping[str, float] = field(default_factory=dict)
     """The gate's marks of the launch's timeline (``spawn``, ``exit``: ``time.time()``)."""
+    started: RankStart | None = None
+    """How the launch's processes started, when the launcher knows (a ``warm`` launch whose
+    parent could not serve it starts ``fork``)."""
+    start_note: str = ""
+    """Why the processes did not start as the job asked ("" when they did)."""
+    warm: Mapping[str, Any] = field(default_factory=dict)
+    """A warm launch's parent (:meth:`perfsuite.launch.warm.ParentFacts.as_json`)."""
 
     def timeline(self) -> list[tuple[LaunchMark, float]]:
         """Every mark the launch passed, in :data:`~perfsuite.spec.protocol.LAUNCH_MARKS` order, as

@@ -14,6 +14,7 @@ import os
 import platform
 import signal
 import time
+from collections.abc import Collection
 
 import psutil
 
@@ -30,7 +31,12 @@ def launcher_env() -> dict[str, str]:
     return {LAUNCHER_VAR: f"{platform.node()}:{me.pid}:{me.create_time():.3f}"}
 
 
-def tagged_processes(token: str, root_pid: int | None = None) -> list[psutil.Process]:
+def tagged_processes(token: str, root_pid: int | None = None, sessions: Collection[int] = ()) -> list[psutil.Process]:
+    """The launch's processes: ``root_pid`` and its descendants, every process whose environment
+    carries ``token``, and every process in one of ``sessions``. An agent forked from a warm
+    parent (:mod:`perfsuite.launch.warm`) and the ranks it forks show the parent's environment in
+    ``/proc``, not the launch's token, so such a launch is swept by its agents' sessions too:
+    a rank its agent left behind is re-parented, but stays in the agent's session."""
     found: dict[int, psutil.Process] = {}
     if root_pid is not None:
         try:
@@ -43,19 +49,25 @@ def tagged_processes(token: str, root_pid: int | None = None) -> list[psutil.Pro
         if proc.pid in found or proc.pid == os.getpid():
             continue
         try:
-            if proc.environ().get(TOKEN_VAR) == token:
+            if _in_session(proc.pid, sessions) or proc.environ().get(TOKEN_VAR) == token:
                 found[proc.pid] = proc
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue
     return list(found.values())
 
 
-def kill_tagged(token: str, root_pid: int | None = None, grace_s: float = GRACE_S) -> int:
-    """SIGTERM every tagged process, SIGKILL what is left after ``grace_s``.
+def _in_session(pid: int, sessions: Collection[int]) -> bool:
+    return bool(sessions) and os.getsid(pid) in sessions
+
+
+def kill_tagged(
+    token: str, root_pid: int | None = None, grace_s: float = GRACE_S, sessions: Collection[int] = ()
+) -> int:
+    """SIGTERM every tagged process (:func:`tagged_processes`), SIGKILL what is left after ``grace_s``.
 
     Returns how many processes had to be stopped.
     """
-    procs = tagged_processes(token, root_pid)
+    procs = tagged_processes(token, root_pid, sessions)
     for proc in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.terminate()
@@ -65,7 +77,7 @@ def kill_tagged(token: str, root_pid: int | None = None, grace_s: float = GRACE_
             proc.kill()
     psutil.wait_procs(alive, timeout=grace_s)
     # A process forked between the scan and the kills would survive: scan again.
-    late = tagged_processes(token)
+    late = tagged_processes(token, sessions=sessions)
     for proc in late:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
@@ -80,13 +92,13 @@ def _is_rank(proc: psutil.Process, tagged: set[int]) -> bool:
     return "RANK" in proc.environ() or proc.ppid() in tagged
 
 
-def dump_worker_stacks(token: str, settle_s: float = 2.0) -> None:
+def dump_worker_stacks(token: str, settle_s: float = 2.0, sessions: Collection[int] = ()) -> None:
     """Ask every tagged rank (not the torchrun agent) to print its Python stacks.
 
     Workers register ``faulthandler`` for SIGUSR1; the agent is left alone,
     since SIGUSR1 would kill it before it can be swept cleanly.
     """
-    tagged = tagged_processes(token)
+    tagged = tagged_processes(token, sessions=sessions)
     pids = {proc.pid for proc in tagged}
     sent = False
     for proc in tagged:

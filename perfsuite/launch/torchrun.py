@@ -11,15 +11,22 @@ its node and local rank for the stderr tail.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+from perfsuite.launch import warm
 from perfsuite.launch.base import Launcher, LaunchOutcome, WorkerJob, classify
 from perfsuite.launch.procs import TOKEN_VAR, dump_worker_stacks, kill_tagged
+from perfsuite.spec.protocol import RankStart
 
 #: torchrun's main, minus the interpreter teardown.
 AGENT_MODULE = "perfsuite.rank.worker.agent"
@@ -124,7 +131,7 @@ class TorchrunLauncher(Launcher):
             str(job.logs_dir / f"node{node}"),
             "--redirects",
             "3",
-            *(["--start-method", "fork"] if job.rank_start == "fork" else []),
+            *(["--start-method", "fork"] if job.rank_start in ("fork", "warm") else []),
             "-m",
             "perfsuite.rank.worker",
             str(job.spec_path),
@@ -152,41 +159,92 @@ class TorchrunLauncher(Launcher):
     def endpoint(self) -> str:
         return self.topology.rdzv_endpoint or f"127.0.0.1:{free_port()}"
 
+    def warm_parent(self, job: WorkerJob, env: Mapping[str, str]) -> tuple[WarmStart | None, str]:
+        """The warm parent that forks this launch's agent, or None and why not ("" when the job did
+        not ask for one). Multi-node launches, and ranks in another Python environment, start exec'd."""
+        if job.rank_start != "warm":
+            return None, ""
+        nodes, _ = self.topology.layout(job.world_size)
+        if nodes > 1:
+            return None, f"{nodes} nodes: each node's agent starts as a fresh interpreter"
+        if job.python != sys.executable:
+            return None, f"another Python environment ({job.python}) starts fresh interpreters"
+        key = warm.ParentKey.of(job.python, job.preload, env)
+        try:
+            parent, started_now = warm.parent_for(key)
+        except warm.WarmUnavailable as exc:
+            return None, str(exc)
+        return WarmStart(parent, started_now), ""
+
     def run(self, job: WorkerJob) -> LaunchOutcome:
         token = uuid.uuid4().hex
         job.reports_dir.mkdir(parents=True, exist_ok=True)
         job.rank_job.write(job.spec_path)
         env = {**os.environ, **job.env, TOKEN_VAR: token}
+        warm_start, note = self.warm_parent(job, env)  # before the clock: a first launch waits for its imports
         start = time.monotonic()
         marks = {"spawn": time.time()}  # the launch's timeline, the gate's part (LaunchOutcome.timeline)
         deadline = start + job.timeout_s
-        procs: list[subprocess.Popen[bytes]] = []
+        procs: list[subprocess.Popen[bytes] | warm.WarmChild] = []
         timed_out = False
         try:
             for node, cmd in enumerate(self.commands(job, self.endpoint(), token)):
-                with open(job.workdir / f"agent{node}.log", "wb") as log:
-                    procs.append(
-                        subprocess.Popen(
-                            cmd,
-                            env={**env, **self.agent_env(job, node)},
-                            stdout=log,
-                            stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL,
-                            start_new_session=True,
-                        )
-                    )
+                log = job.workdir / f"agent{node}.log"
+                node_env = {**env, **self.agent_env(job, node)}
+                child = warm_start.fork(cmd, node_env, log) if warm_start else None
+                if warm_start and child is None:
+                    note, warm_start = warm_start.note, None
+                procs.append(child or _popen(cmd, node_env, log))
             for proc in procs:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             marks["exit"] = time.time()
         except subprocess.TimeoutExpired:
             timed_out = True
-            dump_worker_stacks(token)
+            dump_worker_stacks(token, sessions=_sessions(procs))
         finally:
             # Always sweep: even a clean exit may leave a daemonised helper.
             for proc in procs:
-                kill_tagged(token, proc.pid)
+                kill_tagged(token, proc.pid, sessions=_sessions(procs))
                 proc.wait()
-        return classify(job, timed_out, time.monotonic() - start, marks)
+        outcome = classify(job, timed_out, time.monotonic() - start, marks)
+        started: RankStart = "warm" if warm_start else "fork" if job.rank_start != "exec" else "exec"
+        facts = warm_start.facts() if warm_start else {}
+        return dataclasses.replace(outcome, started=started, start_note=note, warm=facts)
+
+
+@dataclass
+class WarmStart:
+    """A launch's warm parent, and what went wrong with it, if anything."""
+
+    parent: warm.WarmParent
+    started_now: bool
+    note: str = ""
+
+    def fork(self, cmd: list[str], env: Mapping[str, str], log: Path) -> warm.WarmChild | None:
+        """The agent ``cmd`` (``python -m AGENT ARGS``) forked by the parent; None, with the reason
+        in ``note``, when the parent cannot (it is forgotten: the next launch starts another)."""
+        try:
+            return self.parent.fork(cmd[3:], env, log)
+        except warm.WarmUnavailable as exc:
+            self.note = str(exc)
+            warm.forget(self.parent.key)
+            return None
+
+    def facts(self) -> dict[str, Any]:
+        return self.parent.facts.as_json(self.started_now)
+
+
+def _popen(cmd: list[str], env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+
+
+def _sessions(procs: list[subprocess.Popen[bytes] | warm.WarmChild]) -> set[int]:
+    """The sessions of the launch's warm agents: their forks show the parent's environment, not
+    the launch's token (:func:`perfsuite.launch.procs.tagged_processes`)."""
+    return {proc.pid for proc in procs if isinstance(proc, warm.WarmChild)}
 
 
 class LocalTorchrun(TorchrunLauncher):

@@ -114,8 +114,10 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--perf-rank-start",
         choices=RANK_STARTS,
-        help="how each torchrun agent starts its ranks: fork (forks of the agent, which has imported torch) "
-        "or exec (a fresh interpreter each); default: the profile's rank_start (fork on cpu, exec on cuda)",
+        help="how a launch's processes start: warm (the agent forked from a parent that imported torch and "
+        "the scenario's libraries once per run, the ranks from the agent), fork (the agent a fresh interpreter, "
+        "the ranks its forks) or exec (a fresh interpreter each); default: the profile's rank_start "
+        "(warm on cpu, exec on cuda)",
     )
     group.addoption("--perf-nnodes", metavar="N", type=int, default=1, help="nodes (torchrun launcher)")
     group.addoption("--perf-nproc-per-node", metavar="N", type=int, help="ranks per node (default: world_size / nodes)")

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from perfsuite.spec.metrics import METRICS, MetricError
 from perfsuite.spec.protocol import RankStart
@@ -107,13 +107,13 @@ class HardwareProfile:
     gpu_hour_price: float | None = None
     #: Currency of ``gpu_hour_price``.
     currency: str = "USD"
-    #: How each torchrun agent starts its ranks. ``fork``: as forks of the
-    #: agent, which has imported torch already (torchrun ``--run-path
-    #: --start-method fork``); each rank saves its own import of torch, ~1.5 s
-    #: of CPU time, a third of a small cpu launch on 2 cores. ``exec``:
-    #: torchrun's default, a fresh interpreter per rank. None: ``fork`` on cpu,
-    #: ``exec`` on cuda, where a fork is only safe while the agent has never
-    #: touched CUDA and the import overlaps on a GPU node's many cores anyway.
+    #: How a launch's processes start (:data:`~perfsuite.spec.protocol.RankStart`). ``warm``: the
+    #: torchrun agent is forked from a warm parent that imported torch and the scenario's
+    #: libraries once for the whole run (:mod:`perfsuite.launch.warm`), and the ranks from the
+    #: agent. ``fork``: the agent is a fresh interpreter and the ranks its forks (torchrun
+    #: ``--run-path --start-method fork``). ``exec``: torchrun's default, a fresh interpreter per
+    #: process. None: ``warm`` on cpu; ``exec`` on cuda until a GPU has shown that forked ranks
+    #: train and measure there as exec'd ones do.
     rank_start: RankStart | None = None
     #: Extra keys (besides name and device) looked up in Scenario.variants/expect.
     aliases: tuple[str, ...] = ()
@@ -122,9 +122,12 @@ class HardwareProfile:
     def __post_init__(self) -> None:
         object.__setattr__(self, "tolerances", MappingProxyType(dict(self.tolerances)))
         if self.rank_start is None:
-            object.__setattr__(self, "rank_start", "fork" if self.device == "cpu" else "exec")
-        elif self.rank_start not in ("fork", "exec"):
-            raise ProfileError(f"profile {self.name!r}: rank_start must be 'fork' or 'exec', not {self.rank_start!r}")
+            object.__setattr__(self, "rank_start", "warm" if self.device == "cpu" else "exec")
+        elif self.rank_start not in get_args(RankStart):
+            raise ProfileError(
+                f"profile {self.name!r}: rank_start must be one of {', '.join(get_args(RankStart))}, "
+                f"not {self.rank_start!r}"
+            )
         unknown = sorted(set(self.tolerances) - {m.name for m in METRICS})
         if unknown:
             raise ProfileError(f"profile {self.name!r}: unknown tolerance metrics {unknown}")

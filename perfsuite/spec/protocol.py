@@ -32,8 +32,10 @@ LAUNCHER_VAR = "PERFSUITE_LAUNCHER"
 RANK_PROCESS_PREFIX = "perfsuite-r"
 
 Device = Literal["cpu", "cuda"]
-#: How a torchrun agent starts its ranks: forks of itself, or fresh interpreters.
-RankStart = Literal["fork", "exec"]
+#: How a launch's processes start: ``warm``, the torchrun agent forked from a warm parent that
+#: has imported everything (:mod:`perfsuite.launch.warm`) and the ranks forked from the agent;
+#: ``fork``, the agent a fresh interpreter and the ranks its forks; ``exec``, all fresh interpreters.
+RankStart = Literal["warm", "fork", "exec"]
 RankStatus = Literal["ok", "oom", "crash", "skipped"]
 T = TypeVar("T")
 

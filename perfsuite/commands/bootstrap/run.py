@@ -19,7 +19,7 @@ from perfsuite.commands.bootstrap.costs import FILENAME, Costs
 from perfsuite.commands.bootstrap.plan import START_MARGIN, Done, Plan, Settings, Step, fits, make_plan, targets_for
 from perfsuite.commands.bootstrap.state import State, StepRecord, done_in
 from perfsuite.commands.bootstrap.steps import Context, doctor_step, pytest_step, selftest_left, selftest_step
-from perfsuite.launch import identity
+from perfsuite.launch import identity, warm
 from perfsuite.spec.profiles import HardwareProfile
 from perfsuite.store.baselines import BaselineEntry, BaselineStore
 
@@ -104,6 +104,7 @@ def build_plan(options: Options, fingerprint: dict[str, Any], profile: HardwareP
 
 def run(options: Options) -> int:
     budget = Budget(options.budget_s)
+    warm.share_with_children()  # every step's pytest forks its launches from one parent per import set
     fingerprint, profile, scenarios = _machine(options)
     # A fresh store for every read: a BaselineStore caches group files, and the steps rewrite them.
     store = Stores(options.baselines, profile.name)

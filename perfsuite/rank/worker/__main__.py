@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from perfsuite.rank.worker import graph, watchdog
+from perfsuite.rank.worker import fresh, graph, watchdog
 from perfsuite.rank.worker.base import Runner
 from perfsuite.rank.worker.marks import mark, rank_started
 from perfsuite.rank.worker.profiling import OomRecorder, is_oom
@@ -79,6 +79,7 @@ def as_fresh_interpreter() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if threads := os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(threads))
+    fresh.size_blas_pool(os.environ)
 
 
 def name_process(name: str) -> None:

@@ -209,6 +209,11 @@ class BaseScenario:
         """The typed spec its ranks receive (built on :meth:`spec_fields`)."""
         raise NotImplementedError
 
+    def rank_imports(self) -> tuple[str, ...]:
+        """Modules its ranks import beyond torch and perfsuite's worker: the import set of the warm
+        parent that forks its launches (:mod:`perfsuite.launch.warm`): its kind's runner module."""
+        return (self.rank_spec().runner.partition(":")[0],)
+
     def spec_fields(self) -> dict[str, Any]:
         """The :class:`~perfsuite.spec.protocol.WorkloadSpec` fields every kind fills the same way."""
         return {

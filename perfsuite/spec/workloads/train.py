@@ -203,6 +203,12 @@ class Scenario(BaseScenario):
                 f"must be a multiple of micro_batch x data-parallel ranks = {per_step}, got {self.global_batch}",
             )
 
+    def rank_imports(self) -> tuple[str, ...]:
+        """The runner's, the model builder's and the engine's modules (deepspeed, fairscale...)."""
+        engine = self.engine
+        strategy = engine.implementation.partition(":")[0]
+        return (*super().rank_imports(), *self.model.imports, strategy, *engine.requires)
+
     # -- derived ------------------------------------------------------------------------
     @property
     def engine(self) -> EngineSpec:

@@ -208,6 +208,10 @@ class TrainerScenario(BaseScenario):
             )
         return ""
 
+    def rank_imports(self) -> tuple[str, ...]:
+        """The runner's modules (transformers' Trainer) and the model builder's."""
+        return (*super().rank_imports(), *self.model.imports)
+
     def rank_spec(self) -> TrainerSpec:
         return TrainerSpec(
             **self.spec_fields(), model=self.model, precision=self.precision,

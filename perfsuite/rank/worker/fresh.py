@@ -1,0 +1,34 @@
+"""What a forked process resets so that it runs as a fresh interpreter would (launched side):
+the BLAS thread pool's size. A forked agent (:mod:`perfsuite.rank.worker.warmparent`) and a
+forked rank (:mod:`perfsuite.rank.worker.__main__`) inherit the pool their parent sized when it
+loaded OpenBLAS, before torchrun set ``OMP_NUM_THREADS`` for the ranks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+#: The variables OpenBLAS reads for its thread count when it loads, in its order.
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+KMP_VAR = "KMP_DUPLICATE_LIB_OK"
+
+
+def blas_threads(env: Mapping[str, str]) -> int:
+    """The BLAS threads OpenBLAS would start with in a fresh interpreter with ``env``: the
+    first positive count of :data:`BLAS_THREAD_VARS`, else one per usable CPU."""
+    for name in BLAS_THREAD_VARS:
+        value = env.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return len(os.sched_getaffinity(0))
+
+
+def size_blas_pool(env: Mapping[str, str]) -> None:
+    """Size the BLAS pool as a fresh interpreter with ``env`` would have. threadpoolctl's import
+    sets ``KMP_DUPLICATE_LIB_OK`` in the environment, which a fresh interpreter would not have."""
+    before = os.environ.get(KMP_VAR)
+    import threadpoolctl  # type: ignore[import-untyped]
+
+    threadpoolctl.threadpool_limits(blas_threads(env), user_api="blas")
+    if before is None:
+        os.environ.pop(KMP_VAR, None)

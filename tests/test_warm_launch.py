@@ -1,0 +1,222 @@
+"""Warm launches (``rank_start=warm``, :mod:`perfsuite.launch.warm`): the agent forked from a parent
+that imported everything once, the ranks from the agent. What must not change: the numbers a
+launch trains, and the process a rank runs in; a dead parent costs a note, not the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+
+from perfsuite import ModelSpec, Scenario
+from perfsuite.launch import warm
+from perfsuite.launch.base import LaunchOutcome, WorkerJob
+from perfsuite.launch.torchrun import LocalTorchrun
+from perfsuite.rank.worker import warmparent
+from perfsuite.rank.worker.fresh import blas_threads
+from perfsuite.spec.protocol import RankJob, RankStart
+
+#: A team model (ModelSpec.module) whose ranks write down the process they were built in.
+PROBE = textwrap.dedent(
+    """
+    import gc, json, os, resource, signal, sys
+
+    import torch
+    from torch import nn
+
+    from perfsuite.rank.models.module import Recipe
+
+
+    def facts():
+        env = dict(os.environ)
+        import threadpoolctl
+
+        handlers = {}
+        for sig in signal.valid_signals():
+            handler = signal.getsignal(sig)
+            handlers[int(sig)] = handler if isinstance(handler, int) else getattr(handler, "__qualname__", "?")
+        return {
+            "env": env,
+            "threads": [torch.get_num_threads(), torch.get_num_interop_threads(),
+                        sorted((p["internal_api"], p["num_threads"]) for p in threadpoolctl.threadpool_info())],
+            "signals": handlers,
+            "rlimits": {n: resource.getrlimit(getattr(resource, n)) for n in dir(resource) if n.startswith("RLIMIT_")},
+            "affinity": sorted(os.sched_getaffinity(0)),
+            "gc": [gc.isenabled(), gc.get_threshold(), gc.get_freeze_count()],
+            "backends": [torch.backends.mkldnn.enabled, torch.are_deterministic_algorithms_enabled(),
+                         str(torch.get_default_dtype()), torch.backends.cpu.get_cpu_capability(),
+                         torch.is_grad_enabled(), torch.get_float32_matmul_precision()],
+            "cwd": os.getcwd(),
+            "path": sys.path,
+            "umask": os.umask(0o22),
+            "flags": list(sys.flags),
+        }
+
+
+    def build(device, dtype, width=8):
+        if device.type != "meta":
+            with open(os.path.join(os.environ["PROBE_OUT"], f"rank{os.environ['RANK']}.json"), "w") as out:
+                json.dump(facts(), out, default=str)
+        model = nn.Linear(width, width).to(device=device, dtype=dtype)
+
+        def batch(rows, seq_len, gen):
+            return {"input": torch.randn(rows, width, generator=gen)}
+
+        return Recipe(model, batch, loss=lambda out, b: out.float().pow(2).mean(), inputs=("input",))
+    """
+)
+SHAPE = dict(world_size=2, micro_batch=2, global_batch=4, seq_len=8, warmup_steps=1, steps=3)
+#: Keys every launch sets anew, and the one a forking agent sets on purpose (agent.NVML_CHECK).
+PER_LAUNCH = {"MASTER_PORT", "PERFSUITE_AGENT_MARKS", "PERFSUITE_RUN_TOKEN", "PROBE_OUT", "TORCHELASTIC_ERROR_FILE",
+              "TORCHELASTIC_RUN_ID"}  # fmt: skip
+FORK_ONLY = {"PYTORCH_NVML_BASED_CUDA_CHECK"}
+
+
+def launch(scenario: Scenario, start: RankStart, work: Path, **env: str) -> LaunchOutcome:
+    """One launch of ``scenario`` on cpu, its ranks started as ``start``."""
+    work.mkdir(parents=True)
+    job = RankJob(spec=scenario.rank_spec(), device="cpu", reports_dir=str(work / "reports"))
+    return LocalTorchrun().run(
+        WorkerJob(job, scenario.world_size, 120, work, env, rank_start=start, preload=scenario.rank_imports())
+    )
+
+
+@pytest.fixture
+def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Scenario:
+    """The probe model's scenario; the working directory holds its module, as a team's checkout would."""
+    (tmp_path / "probe_model.py").write_text(PROBE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # for the spec's own check of the build function
+    return Scenario("warm", "probe", ModelSpec.module("probe_model:build"), **SHAPE)
+
+
+def probed(scenario: Scenario, start: RankStart, root: Path) -> tuple[LaunchOutcome, list[dict[str, Any]]]:
+    out = root / f"facts-{start}"
+    out.mkdir()
+    outcome = launch(scenario, start, root / start, PROBE_OUT=str(out))
+    assert outcome.status == "ok", outcome.failure and outcome.failure.describe()
+    return outcome, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_a_warm_rank_trains_the_same_steps_in_the_same_process_as_an_exec_one(probe: Scenario, tmp_path: Path) -> None:
+    """Same seed, same thread counts: bit-identical losses and model state; and the same process
+    state, less what each launch sets anew and the NVML check a forking agent sets."""
+    execd, exec_facts = probed(probe, "exec", tmp_path)
+    warmed, warm_facts = probed(probe, "warm", tmp_path)
+    assert (execd.started, warmed.started, warmed.start_note) == ("exec", "warm", "")
+    assert [r.losses for r in warmed.reports] == [r.losses for r in execd.reports]
+    assert [r.model_state for r in warmed.reports] == [r.model_state for r in execd.reports]
+    assert all(r.forked for r in warmed.reports) and not any(r.forked for r in execd.reports)
+    for rank, (fresh, forked) in enumerate(zip(exec_facts, warm_facts, strict=True)):
+        fresh_env, forked_env = fresh.pop("env"), forked.pop("env")
+        assert set(forked_env) - set(fresh_env) <= FORK_ONLY, rank
+        assert set(fresh_env) <= set(forked_env), rank
+        assert {k for k in fresh_env if fresh_env[k] != forked_env[k]} <= PER_LAUNCH, rank
+        assert forked == fresh, rank
+    # A team's own module is not preloaded: it is the code under test, imported afresh by every rank.
+    assert warmed.warm["preloaded"] == ["perfsuite.rank.strategies.ddp", "perfsuite.rank.worker.train"]
+
+
+def test_a_warm_bert_trains_the_same_steps_with_transformers_preloaded(tmp_path: Path) -> None:
+    bert = Scenario("warm", "bert", ModelSpec("bert", 1, 32, 2, 512, 32), **SHAPE)
+    execd, warmed = launch(bert, "exec", tmp_path / "exec"), launch(bert, "warm", tmp_path / "warm")
+    assert execd.status == warmed.status == "ok"
+    assert warmed.started == "warm"
+    assert "transformers.models.bert.modeling_bert" in warmed.warm["preloaded"]
+    assert [r.losses for r in warmed.reports] == [r.losses for r in execd.reports]
+    assert [r.model_state for r in warmed.reports] == [r.model_state for r in execd.reports]
+
+
+TINY = ModelSpec("megatron_gpt", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
+
+
+def test_a_dead_parent_costs_one_launch_its_warm_start_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed while an agent it forked measures: that launch ends as usual. Dead at the next launch:
+    that one starts its agent fresh, saying why; the one after has a new parent. A parent stays one
+    thread, and its memory does not grow with the launches it serves."""
+    monkeypatch.setenv(warm.SHARED_VAR, str(warm.share_with_children()))
+    scenario = Scenario("warm", "tiny", TINY, **{**SHAPE, "steps": 60})
+    first = launch(scenario, "warm", tmp_path / "first")
+    assert first.status == "ok" and first.started == "warm"
+    parent = psutil.Process(first.warm["parent_pid"])
+    rss = parent.memory_info().rss
+    struck = threading.Timer(1.0, parent.send_signal, (signal.SIGKILL,))
+    struck.start()
+    during = launch(scenario, "warm", tmp_path / "during")
+    struck.join()
+    assert during.status == "ok" and during.started == "warm", during.failure and during.failure.describe()
+    assert not parent.is_running() or parent.status() == psutil.STATUS_ZOMBIE
+    after = launch(scenario, "warm", tmp_path / "after")
+    assert after.status == "ok" and after.started == "fork"
+    assert f"the warm parent (pid {parent.pid}) died" in after.start_note
+    again = launch(scenario, "warm", tmp_path / "again")
+    assert again.status == "ok" and again.started == "warm" and again.warm["started_for_this_launch"]
+    fresh = psutil.Process(again.warm["parent_pid"])
+    for n in range(3):
+        assert launch(scenario, "warm", tmp_path / f"more{n}").started == "warm"
+    assert fresh.num_threads() == 1
+    assert fresh.memory_info().rss < rss + 8 * 2**20
+
+
+def test_a_parent_refuses_to_fork_with_a_second_thread_or_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked before every fork: a CUDA context or another thread's locks would be copied."""
+    monkeypatch.setattr(warmparent, "threads", lambda: 1)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert warmparent.fork_refusal() is None
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: True)))
+    assert "initialised CUDA" in (warmparent.fork_refusal() or "")
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(warmparent, "threads", lambda: 3)
+    assert "runs 3 threads" in (warmparent.fork_refusal() or "")
+
+
+def test_a_parent_that_cannot_start_says_why(tmp_path: Path) -> None:
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho 'ModuleNotFoundError: no torch here' >&2\nexit 3\n")
+    python.chmod(0o755)
+    with pytest.raises(warm.WarmUnavailable, match=r"(?s)did not start \(it exited with status 3\).*no torch here"):
+        warm.WarmParent.start(warm.ParentKey(str(python), (), ()), tmp_path, warm._owner())
+
+
+def test_a_parent_ends_when_its_owner_does(tmp_path: Path) -> None:
+    owner = psutil.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        parent = warm.WarmParent.start(warm.ParentKey(sys.executable, (), ()), tmp_path, warm._owner(owner.pid))
+        assert parent.alive()
+    finally:
+        owner.kill()
+        owner.wait()
+    deadline = time.monotonic() + 5
+    while parent.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not parent.alive()
+
+
+def test_what_a_parent_is_keyed_on() -> None:
+    """One parent per interpreter, import set and import-time environment; other variables are per launch."""
+    env = {"PATH": "/bin", "HOME": "/root", "OMP_NUM_THREADS": "1"}
+    key = warm.ParentKey.of("py", ["b", "a", "a"], env)
+    assert key == warm.ParentKey.of("py", ["a", "b"], {**env, "HOME": "/tmp", "PERFSUITE_RUN_TOKEN": "x"})
+    assert key.preload == ("a", "b")
+    assert key != warm.ParentKey.of("py", ["a", "b"], {**env, "OMP_NUM_THREADS": "2"})
+    assert key != warm.ParentKey.of("py", ["a"], env)
+    assert key.digest() == warm.ParentKey.of("py", ["a", "b"], env).digest()
+
+
+def test_the_blas_pool_is_sized_as_a_fresh_interpreter_would_size_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert blas_threads({"OMP_NUM_THREADS": "1"}) == 1
+    assert blas_threads({"OPENBLAS_NUM_THREADS": "3", "OMP_NUM_THREADS": "1"}) == 3
+    assert blas_threads({"OPENBLAS_NUM_THREADS": "0", "OMP_NUM_THREADS": "2"}) == 2
+    assert blas_threads({}) == len(os.sched_getaffinity(0))
