@@ -294,3 +294,19 @@ def test_a_hung_forked_rank_is_shown_where_it_hangs_not_where_its_agent_forked(t
     assert lines[0] == "main thread, most recent call first:"
     assert "faults.py" in lines[1] and "forward_backward" in lines[1]
     assert len(lines) == 1 + 25 and not any("watchdog" in line for line in lines)
+
+
+def test_one_node_meets_statically_at_its_own_port_and_nodes_through_c10d(tmp_path: Path) -> None:
+    """Static rendezvous (plain torchrun's) for one node on a port perfsuite chose; c10d otherwise."""
+    job = WorkerJob(rank_job(tmp_path, 2), 2, 60, tmp_path)
+    (cmd,) = TorchrunLauncher().commands(job, "127.0.0.1:29511", "run1")
+    at = cmd.index("--rdzv-backend")
+    assert cmd[at : at + 8] == ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", "29511",
+                                "--node-rank", "0"]  # fmt: skip
+    assert "--rdzv-endpoint" not in cmd
+    chosen = TorchrunLauncher(Topology(rdzv_endpoint="head:29400"))
+    (cmd,) = chosen.commands(job, chosen.endpoint(), "run1")
+    assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d" and cmd[cmd.index("--rdzv-endpoint") + 1] == "head:29400"
+    two = WorkerJob(rank_job(tmp_path, 4), 4, 60, tmp_path)
+    for cmd in TorchrunLauncher(Topology(nnodes=2)).commands(two, "127.0.0.1:29512", "run1"):
+        assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d"

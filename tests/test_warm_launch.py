@@ -175,8 +175,13 @@ def test_a_parent_refuses_to_fork_with_a_second_thread_or_cuda(monkeypatch: pyte
     monkeypatch.setattr(warmparent, "threads", lambda: 1)
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     assert warmparent.fork_refusal() is None
-    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: True)))
+    cuda = SimpleNamespace(is_initialized=lambda: True, _is_compiled=lambda: True, _is_in_bad_fork=lambda: True)
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
     assert "initialised CUDA" in (warmparent.fork_refusal() or "")
+    cuda.is_initialized = lambda: False  # asked the driver (cudaGetDeviceCount): forks are marked bad
+    assert "asked the CUDA driver" in (warmparent.fork_refusal() or "")
+    cuda._is_in_bad_fork = lambda: False
+    assert warmparent.fork_refusal() is None
     monkeypatch.delitem(sys.modules, "torch")
     monkeypatch.setattr(warmparent, "threads", lambda: 3)
     assert "runs 3 threads" in (warmparent.fork_refusal() or "")

@@ -71,10 +71,23 @@ def fork_refusal() -> str | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "the warm parent has initialised CUDA, which a forked agent could not use"
+    if torch is not None and torch.cuda._is_compiled() and cuda_poisons_forks():
+        return "the warm parent asked the CUDA driver something, so its forks cannot use CUDA"
     count = threads()
     if count != 1:
         return f"the warm parent runs {count} threads; a fork would copy locks they may hold"
     return None
+
+
+def cuda_poisons_forks() -> bool:
+    """Whether a child forked now would find CUDA unusable: torch marks its forks bad once it has
+    asked the driver anything (``poison_fork``), which ``is_initialized`` does not say. A child
+    that only reads the mark tells."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(int(sys.modules["torch"].cuda._is_in_bad_fork()))
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
 
 
 def start_ticks() -> str:
