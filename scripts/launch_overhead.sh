@@ -4,6 +4,7 @@
 # ones are never touched). The warm sessions share one warm parent per import set, as the
 # launches of one gate run do: this script's owner process keeps them (PERFSUITE_WARM_PARENTS).
 #   scripts/launch_overhead.sh OUT [ROUNDS] [NODE...]
+# PYTHON (default .venv/bin/python) runs it; PROFILE (default: the machine's) is the profile.
 set -euo pipefail
 out=${1:?usage: scripts/launch_overhead.sh OUT [ROUNDS] [NODE...]}
 rounds=${2:-5}
@@ -15,7 +16,7 @@ if [ ${#nodes[@]} -eq 0 ]; then
 fi
 mkdir -p "$out"
 py=${PYTHON:-.venv/bin/python}
-export NODES="${nodes[*]}" ROUNDS=$rounds OUT=$out PY=$py
+export NODES="${nodes[*]}" ROUNDS=$rounds OUT=$out PY=$py PROFILE=${PROFILE:-}
 exec "$py" - <<'PY'
 import os, subprocess, tempfile
 from perfsuite.launch import warm
@@ -25,8 +26,9 @@ py, out = os.environ["PY"], os.environ["OUT"]
 for n, node in enumerate(os.environ["NODES"].split()):
     for i in range(int(os.environ["ROUNDS"])):
         for start in ("warm", "exec"):
-            cmd = [py, "-m", "pytest", node, "--perf-profile=cpu", f"--perf-baselines={tempfile.mkdtemp()}",
-                   "--perf-update-baselines", "--perf-op-profiles=off", f"--perf-rank-start={start}",
+            profile = [f"--perf-profile={os.environ['PROFILE']}"] if os.environ["PROFILE"] else []
+            cmd = [py, "-m", "pytest", node, *profile, f"--perf-baselines={tempfile.mkdtemp()}",
+                   "--perf-update-baselines", "--perf-op-profiles=off", "--perf-confirm=0", f"--perf-rank-start={start}",
                    f"--perf-json={out}/row{n}-{start}{i}.json", "-p", "no:cacheprovider", "-q"]
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 PY

@@ -21,7 +21,9 @@ NAME = re.compile(r"(?P<row>.+)-(?P<start>warm|fork|exec)(?P<n>\d+)\.json$")
 
 def figures(result: dict[str, Any]) -> dict[str, Any]:
     metrics, launch = result.get("metrics") or {}, result.get("launch") or {}
-    rate = next((metrics[k]["mean"] for k in ("samples_per_s", "algbw_gbps", "bandwidth_gbps") if k in metrics), None)
+    # The row's rate: its first figure with a mean (samples_per_s, mem_gbps...), not a time.
+    rates = [k for k, v in metrics.items() if isinstance(v, dict) and "mean" in v and k != "step_time_s"]
+    rate = metrics[rates[0]]["mean"] if rates else None
     allocated = [(r.get("memory") or {}).get("max_allocated_mib") for r in metrics.get("per_rank") or []]
     return {
         "id": result["id"],

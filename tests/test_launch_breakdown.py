@@ -133,7 +133,11 @@ def test_a_launch_keeps_its_timeline_in_order_and_its_overhead(pytester: pytest.
     assert 0 < launch["overhead_s"] < result["wall_s"]
     assert ("warm" in launch) == (start == "warm")
     if start == "warm":  # the parent imported the row's runner, engine and model classes; the agent nothing
-        assert launch["warm"]["preloaded"] == ["perfsuite.rank.strategies.ddp", "perfsuite.rank.worker.train"]
+        assert launch["warm"]["preloaded"] == [
+            "perfsuite.rank.strategies.ddp",
+            "perfsuite.rank.worker.train",
+            "torch._dynamo",
+        ]
         assert at["agent_torch"] - at["agent_start"] < 0.5
 
 
@@ -146,7 +150,7 @@ def test_explain_names_what_a_warm_parent_saved_and_why_a_launch_was_not_warm() 
     lines = launch_lines(result)
     assert lines[0].endswith("ranks started by warm")
     assert lines[-1].strip() == (
-        "warm parent (pid 42): 6.25 s of imports (torch, torch._dynamo, transformers.models.bert.modeling_bert) "
+        "warm parent (pid 42): 6.25 s of imports (torch, torchrun, transformers.models.bert.modeling_bert) "
         "paid once for the run, not by this launch's agent and ranks (paid before this launch)"
     )
     result["launch"] = {"rank_start": "fork", "timeline": timeline, "overhead_s": 1.5,

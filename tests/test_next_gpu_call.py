@@ -6,6 +6,8 @@ had renamed, which only a GPU session would have found)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
@@ -75,3 +77,24 @@ def test_the_oom_checks_plugin_imports_and_caps_at_20_gib() -> None:
     spec.loader.exec_module(module)
     (profile,) = module.pytest_perfsuite_profiles()
     assert profile.device_memory_cap_mib == 20 * 1024 and profile.device == "cuda"
+
+
+def test_the_warm_against_exec_stage_runs_and_is_read_on_cpu(tmp_path: Path) -> None:
+    """Stage 3's measurement and its reader, one round on cpu: both rows train both ways, the warm
+    launches forked from their parent, and the summary compares them."""
+    call = (NEXT / "device-call.sh").read_text()
+    rows = re.findall(r'"(bench_tests/test_\w+\.py::test_\w+\[[\w.]+\])"', call[call.index('stage "3') :])
+    assert len(rows) == 2
+    env = {**os.environ, "PYTHON": sys.executable, "PROFILE": "cpu"}
+    subprocess.run(["bash", "scripts/launch_overhead.sh", str(tmp_path), "1", *rows], cwd=ROOT, env=env, check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    summary = run("scripts/launch_overhead_summary.py", str(tmp_path))
+    assert summary.count("warm: 1/1 ok, started ['warm']") == 2, summary
+    assert summary.count("exec: 1/1 ok, started ['exec']") == 2, summary
+    assert summary.count("throughput warm against exec") == 2, summary
+    # A forked rank counts the pages it inherited: the parent imports only what the row's ranks do.
+    peaks = {
+        p.name: json.loads(p.read_text())["results"][0]["metrics"]["peak_mem_mib"] for p in tmp_path.glob("*.json")
+    }
+    for row in ("row0", "row1"):
+        assert peaks[f"{row}-warm0.json"] == pytest.approx(peaks[f"{row}-exec0.json"], rel=0.05), peaks

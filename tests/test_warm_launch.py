@@ -124,7 +124,7 @@ def test_a_warm_rank_trains_the_same_steps_in_the_same_process_as_an_exec_one(pr
         assert {k for k in fresh_env if fresh_env[k] != forked_env[k]} <= PER_LAUNCH, rank
         assert forked == fresh, rank
     # A team's own module is not preloaded: it is the code under test, imported afresh by every rank.
-    assert warmed.warm["preloaded"] == ["perfsuite.rank.strategies.ddp", "perfsuite.rank.worker.train"]
+    assert warmed.warm["preloaded"] == ["perfsuite.rank.strategies.ddp", "perfsuite.rank.worker.train", "torch._dynamo"]
 
 
 def test_a_warm_bert_trains_the_same_steps_with_transformers_preloaded(tmp_path: Path) -> None:

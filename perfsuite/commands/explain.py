@@ -102,7 +102,7 @@ def start_lines(launch: Mapping[str, Any]) -> list[str]:
     lines = []
     parent = launch.get("warm")
     if parent:
-        modules = ", ".join(["torch", "torch._dynamo", *parent.get("preloaded", [])])
+        modules = ", ".join(["torch", "torchrun", *parent.get("preloaded", [])])
         paid = (
             "this launch started the parent and waited for them"
             if parent.get("started_for_this_launch")

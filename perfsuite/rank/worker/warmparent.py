@@ -132,8 +132,7 @@ def warm_up(modules: list[str]) -> dict[str, Any]:
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     from perfsuite.rank.worker import graph  # imports torch
 
-    graph.pin_inductor_cache()  # as a rank does, before torch._dynamo reads the variable
-    import torch._dynamo  # DDP and transformers' models import it in every rank
+    graph.pin_inductor_cache()  # as a rank does, before an import of torch._dynamo reads the variable
     import torch.distributed.run  # noqa: F401 - the agent's torchrun
 
     import perfsuite.rank.worker.__main__  # noqa: F401 - the rank's entry and its imports

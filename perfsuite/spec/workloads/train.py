@@ -27,6 +27,11 @@ Graph = Literal["eager", "compile", "ort"]
 GRAPHS: tuple[str, ...] = get_args(Graph)
 
 
+#: torch.compile's front end: 70 MiB of a rank's anonymous memory on cpu, so preloaded only for
+#: the kinds whose ranks import it (a warm parent's pages count in its forks' peak).
+DYNAMO = "torch._dynamo"
+
+
 @dataclass(frozen=True)
 class TrainSpec(WorkloadSpec):
     """What a training rank needs, resolved: model, precision, engine and batch."""
@@ -204,10 +209,11 @@ class Scenario(BaseScenario):
             )
 
     def rank_imports(self) -> tuple[str, ...]:
-        """The runner's, the model builder's and the engine's modules (deepspeed, fairscale...)."""
+        """The runner's, the model builder's and the engine's modules (deepspeed, fairscale...), and
+        ``torch._dynamo``, which every engine's training imports (DDP reads ``torch._dynamo.utils``)."""
         engine = self.engine
         strategy = engine.implementation.partition(":")[0]
-        return (*super().rank_imports(), *self.model.imports, strategy, *engine.requires)
+        return (*super().rank_imports(), DYNAMO, *self.model.imports, strategy, *engine.requires)
 
     # -- derived ------------------------------------------------------------------------
     @property

@@ -42,6 +42,7 @@ from perfsuite.spec.models import ModelSpec
 from perfsuite.spec.protocol import WorkloadSpec
 from perfsuite.spec.validation import check_choice, check_int, fail
 from perfsuite.spec.workloads.base import BaseScenario
+from perfsuite.spec.workloads.train import DYNAMO
 
 Precision = Literal["fp32", "fp16", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -209,8 +210,8 @@ class TrainerScenario(BaseScenario):
         return ""
 
     def rank_imports(self) -> tuple[str, ...]:
-        """The runner's modules (transformers' Trainer) and the model builder's."""
-        return (*super().rank_imports(), *self.model.imports)
+        """The runner's modules (transformers' Trainer, which imports ``torch._dynamo``) and the model builder's."""
+        return (*super().rank_imports(), DYNAMO, *self.model.imports)
 
     def rank_spec(self) -> TrainerSpec:
         return TrainerSpec(
