@@ -101,6 +101,15 @@ def test_multi_node_and_other_pythons_start_their_agents_fresh(tmp_path: Path) -
     assert TorchrunLauncher().warm_parent(dataclasses.replace(other, rank_start="fork"), {}) == (None, "")
 
 
+def test_a_warm_start_elsewhere_than_linux_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.platform", "darwin")
+    job = WorkerJob(rank_job(tmp_path, 2), 2, 60, tmp_path, rank_start="warm")
+    assert TorchrunLauncher().warm_parent(job, {}) == (
+        None,
+        "a warm parent needs Linux (/proc, pidfd_open); this is darwin",
+    )
+
+
 def test_the_agent_runs_the_worker_file_in_its_forks() -> None:
     """torchrun runs a ``-m`` module as a new interpreter whatever the start
     method, so the agent turns it into ``--run-path`` on the worker's file."""

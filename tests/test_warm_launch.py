@@ -77,8 +77,14 @@ PROBE = textwrap.dedent(
 )
 SHAPE = dict(world_size=2, micro_batch=2, global_batch=4, seq_len=8, warmup_steps=1, steps=3)
 #: Keys every launch sets anew, and the one a forking agent sets on purpose (agent.NVML_CHECK).
-PER_LAUNCH = {"MASTER_PORT", "PERFSUITE_AGENT_MARKS", "PERFSUITE_RUN_TOKEN", "PROBE_OUT", "TORCHELASTIC_ERROR_FILE",
-              "TORCHELASTIC_RUN_ID"}  # fmt: skip
+PER_LAUNCH = {
+    "MASTER_PORT",
+    "PERFSUITE_AGENT_MARKS",
+    "PERFSUITE_RUN_TOKEN",
+    "PROBE_OUT",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_RUN_ID",
+}
 FORK_ONLY = {"PYTORCH_NVML_BASED_CUDA_CHECK"}
 
 
@@ -225,3 +231,12 @@ def test_the_blas_pool_is_sized_as_a_fresh_interpreter_would_size_it(monkeypatch
     assert blas_threads({"OPENBLAS_NUM_THREADS": "3", "OMP_NUM_THREADS": "1"}) == 3
     assert blas_threads({"OPENBLAS_NUM_THREADS": "0", "OMP_NUM_THREADS": "2"}) == 2
     assert blas_threads({}) == len(os.sched_getaffinity(0))
+
+
+def test_a_shared_folder_gone_with_its_owner_is_a_reason_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(warm.SHARED_VAR, str(tmp_path / "gone"))
+    key = warm.ParentKey.of(sys.executable, ["nothing.at.all"], {})
+    with pytest.raises(warm.WarmUnavailable, match="no warm parent could be started"):
+        warm.parent_for(key)

@@ -169,6 +169,8 @@ class TorchrunLauncher(Launcher):
         not ask for one). Multi-node launches, and ranks in another Python environment, start exec'd."""
         if job.rank_start != "warm":
             return None, ""
+        if not sys.platform.startswith("linux"):
+            return None, f"a warm parent needs Linux (/proc, pidfd_open); this is {sys.platform}"
         nodes, _ = self.topology.layout(job.world_size)
         if nodes > 1:
             return None, f"{nodes} nodes: each node's agent starts as a fresh interpreter"

@@ -37,20 +37,35 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.launch.procs import TOKEN_VAR
+from perfsuite.spec.protocol import WARM_RLIMITS
 
 PARENT_MODULE = "perfsuite.rank.worker.warmparent"
-#: How long a parent may take to import its set (transformers and deepspeed on 2 busy cores: ~20 s).
+#: How long a parent may take to import its set: 2-4 s on the 2-core VM, with room for a cold
+#: page cache, deepspeed and a busy machine.
 START_TIMEOUT_S = 180.0
 #: How long a parent may take to answer a request: it forks at once.
 ANSWER_TIMEOUT_S = 30.0
 #: Variables that torch, its engines, transformers or the interpreter read when they are
 #: imported: a parent serves only requests whose values of these equal its own.
 IMPORT_ENV_PREFIXES = (
-    "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS", "TRANSFORMERS", "HF_", "DS_", "DEEPSPEED",
-    "CUDA", "NCCL", "LD_", "PYTHON", "XDG_CACHE_HOME", "TOKENIZERS",
-)  # fmt: skip
-#: The resource limits a forked agent takes from its request (warmparent.RLIMITS has the same names).
-RLIMIT_NAMES = ("RLIMIT_DATA", "RLIMIT_AS", "RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_MEMLOCK")
+    "TORCH",
+    "PYTORCH",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "GOMP_",
+    "OPENBLAS",
+    "TRANSFORMERS",
+    "HF_",
+    "DS_",
+    "DEEPSPEED",
+    "CUDA",
+    "NCCL",
+    "LD_",
+    "PYTHON",
+    "XDG_CACHE_HOME",
+    "TOKENIZERS",
+)
 
 
 class WarmUnavailable(RuntimeError):
@@ -229,7 +244,7 @@ class WarmParent:
             "cwd": os.getcwd(),
             "log": str(log),
             "affinity": sorted(os.sched_getaffinity(0)),
-            "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in RLIMIT_NAMES},
+            "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in WARM_RLIMITS},
             "umask": _umask(),
         }
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -340,6 +355,9 @@ def parent_for(key: ParentKey) -> tuple[WarmParent, bool]:
     except WarmUnavailable as exc:
         _REFUSED[key] = str(exc)
         raise
+    except OSError as exc:  # the shared folder went with its owner, a full disk...
+        _REFUSED[key] = f"no warm parent could be started: {exc}"
+        raise WarmUnavailable(_REFUSED[key]) from None
     parent, started_now = found
     mine = _this_perfsuite()
     if str(Path(parent.facts.perfsuite).resolve()) != mine:

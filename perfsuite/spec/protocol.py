@@ -66,6 +66,9 @@ LAUNCH_STRETCHES: Mapping[LaunchMark, str] = {
     "exit": "rank and agent exit",
     "end": "gate: sweep leftover processes",
 }
+#: The resource limits (``resource`` module names) an agent forked from a warm parent takes from
+#: the gate, as an exec'd agent inherits them: the ones a training rank's behaviour depends on.
+WARM_RLIMITS = ("RLIMIT_DATA", "RLIMIT_AS", "RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_MEMLOCK")
 #: Environment variable through which a torchrun agent hands its own marks (JSON: mark -> time)
 #: to the ranks it starts, which put them in their reports.
 AGENT_MARKS_VAR = "PERFSUITE_AGENT_MARKS"

@@ -50,15 +50,6 @@ from perfsuite.rank.worker import fresh
 PARENT_NAME = "perfsuite-warm"
 #: How often the parent looks for its owner while idle (seconds).
 POLL_S = 0.5
-#: Resource limits a request carries: the ones a training rank's behaviour depends on.
-RLIMITS: Mapping[str, int] = {
-    "RLIMIT_DATA": resource.RLIMIT_DATA,
-    "RLIMIT_AS": resource.RLIMIT_AS,
-    "RLIMIT_NOFILE": resource.RLIMIT_NOFILE,
-    "RLIMIT_STACK": resource.RLIMIT_STACK,
-    "RLIMIT_CORE": resource.RLIMIT_CORE,
-    "RLIMIT_MEMLOCK": resource.RLIMIT_MEMLOCK,
-}
 
 
 def threads() -> int:
@@ -247,8 +238,8 @@ def become_agent(request: Mapping[str, Any], inherited: list[int], base_path: li
     sys.path[:] = [request["cwd"], *base_path]
     importlib.invalidate_caches()
     os.sched_setaffinity(0, request["affinity"])
-    for name, (soft, hard) in request["rlimits"].items():
-        resource.setrlimit(RLIMITS[name], (soft, hard))
+    for name, (soft, hard) in request["rlimits"].items():  # perfsuite.spec.protocol.WARM_RLIMITS
+        resource.setrlimit(getattr(resource, name), (soft, hard))
     os.umask(request["umask"])
     fresh.size_blas_pool(request["env"])
     from perfsuite.rank.worker import agent
