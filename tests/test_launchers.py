@@ -319,3 +319,9 @@ def test_one_node_meets_statically_at_its_own_port_and_nodes_through_c10d(tmp_pa
     two = WorkerJob(rank_job(tmp_path, 4), 4, 60, tmp_path)
     for cmd in TorchrunLauncher(Topology(nnodes=2)).commands(two, "127.0.0.1:29512", "run1"):
         assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d"
+
+
+def test_slurm_starts_its_agents_through_srun_not_a_warm_parent(tmp_path: Path) -> None:
+    launcher = SlurmLauncher(topology_from_env({**ENV, "SLURM_JOB_NUM_NODES": "1"}, expand=lambda _: ["gpu07"]))
+    job = WorkerJob(rank_job(tmp_path, 2), 2, 60, tmp_path, rank_start="warm")
+    assert launcher.warm_parent(job, {}) == (None, "the slurm launcher starts each node's agent itself")

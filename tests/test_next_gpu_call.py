@@ -79,6 +79,7 @@ def test_the_oom_checks_plugin_imports_and_caps_at_20_gib() -> None:
     assert profile.device_memory_cap_mib == 20 * 1024 and profile.device == "cuda"
 
 
+@pytest.mark.slow  # four pytest sessions, 25-50 s: `make test-slow`
 def test_the_warm_against_exec_stage_runs_and_is_read_on_cpu(tmp_path: Path) -> None:
     """Stage 3's measurement and its reader, one round on cpu: both rows train both ways, the warm
     launches forked from their parent, and the summary compares them."""

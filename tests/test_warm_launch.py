@@ -75,6 +75,7 @@ PROBE = textwrap.dedent(
         return Recipe(model, batch, loss=lambda out, b: out.float().pow(2).mean(), inputs=("input",))
     """
 )
+BUDGET_MIB = 675
 SHAPE = dict(world_size=2, micro_batch=2, global_batch=4, seq_len=8, warmup_steps=1, steps=3)
 #: Keys every launch sets anew, and the one a forking agent sets on purpose (agent.NVML_CHECK).
 PER_LAUNCH = {
@@ -88,13 +89,19 @@ PER_LAUNCH = {
 FORK_ONLY = {"PYTORCH_NVML_BASED_CUDA_CHECK"}
 
 
-def launch(scenario: Scenario, start: RankStart, work: Path, **env: str) -> LaunchOutcome:
+def launch(
+    scenario: Scenario, start: RankStart, work: Path, budget_mib: int | None = None, **env: str
+) -> LaunchOutcome:
     """One launch of ``scenario`` on cpu, its ranks started as ``start``."""
     work.mkdir(parents=True)
-    job = RankJob(spec=scenario.rank_spec(), device="cpu", reports_dir=str(work / "reports"))
-    return LocalTorchrun().run(
-        WorkerJob(job, scenario.world_size, 120, work, env, rank_start=start, preload=scenario.rank_imports())
+    job = RankJob(
+        spec=scenario.rank_spec(),
+        device="cpu",
+        reports_dir=str(work / "reports"),
+        imports=scenario.rank_imports(),
+        rank_memory_budget_mib=budget_mib,
     )
+    return LocalTorchrun().run(WorkerJob(job, scenario.world_size, 120, work, env, rank_start=start))
 
 
 @pytest.fixture
@@ -109,7 +116,7 @@ def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Scenario:
 def probed(scenario: Scenario, start: RankStart, root: Path) -> tuple[LaunchOutcome, list[dict[str, Any]]]:
     out = root / f"facts-{start}"
     out.mkdir()
-    outcome = launch(scenario, start, root / start, PROBE_OUT=str(out))
+    outcome = launch(scenario, start, root / start, BUDGET_MIB, PROBE_OUT=str(out))
     assert outcome.status == "ok", outcome.failure and outcome.failure.describe()
     return outcome, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
@@ -118,16 +125,29 @@ def test_a_warm_rank_trains_the_same_steps_in_the_same_process_as_an_exec_one(pr
     """Same seed, same thread counts: bit-identical losses and model state; and the same process
     state, less what each launch sets anew and the NVML check a forking agent sets."""
     execd, exec_facts = probed(probe, "exec", tmp_path)
+    forked_ranks, fork_facts = probed(probe, "fork", tmp_path)
     warmed, warm_facts = probed(probe, "warm", tmp_path)
     assert (execd.started, warmed.started, warmed.start_note) == ("exec", "warm", "")
-    assert [r.losses for r in warmed.reports] == [r.losses for r in execd.reports]
-    assert [r.model_state for r in warmed.reports] == [r.model_state for r in execd.reports]
+    for other in (execd, forked_ranks):
+        assert [r.losses for r in warmed.reports] == [r.losses for r in other.reports]
+        assert [r.model_state for r in warmed.reports] == [r.model_state for r in other.reports]
     assert all(r.forked for r in warmed.reports) and not any(r.forked for r in execd.reports)
-    for rank, (fresh, forked) in enumerate(zip(exec_facts, warm_facts, strict=True)):
+    for rank, (fresh, forked, fork) in enumerate(zip(exec_facts, warm_facts, fork_facts, strict=True)):
         fresh_env, forked_env = fresh.pop("env"), forked.pop("env")
         assert set(forked_env) - set(fresh_env) <= FORK_ONLY, rank
         assert set(fresh_env) <= set(forked_env), rank
         assert {k for k in fresh_env if fresh_env[k] != forked_env[k]} <= PER_LAUNCH, rank
+        # The memory budget starts from the footprint once the row's libraries are imported, which a
+        # warm rank inherits and another imports first. A rank forked from its agent (warm, fork) also
+        # holds the agent's torchrun (42 MiB of VmData here): warm draws fork's line, to a few pages.
+        (line, _), (fork_line, _) = forked["rlimits"].pop("RLIMIT_DATA"), fork["rlimits"]["RLIMIT_DATA"]
+        (exec_line, _) = fresh["rlimits"].pop("RLIMIT_DATA")
+        assert abs(line - fork_line) < 8 * 2**20 and abs(line - exec_line) < 64 * 2**20, (
+            rank,
+            line,
+            fork_line,
+            exec_line,
+        )
         assert forked == fresh, rank
     # A team's own module is not preloaded: it is the code under test, imported afresh by every rank.
     assert warmed.warm["preloaded"] == ["perfsuite.rank.strategies.ddp", "perfsuite.rank.worker.train", "torch._dynamo"]
@@ -153,27 +173,38 @@ def test_a_dead_parent_costs_one_launch_its_warm_start_and_the_run_goes_on(
     that one starts its agent fresh, saying why; the one after has a new parent. A parent stays one
     thread, and its memory does not grow with the launches it serves."""
     monkeypatch.setenv(warm.SHARED_VAR, str(warm.share_with_children()))
-    scenario = Scenario("warm", "tiny", TINY, **{**SHAPE, "steps": 60})
+    scenario = Scenario("warm", "tiny", TINY, **SHAPE)
     first = launch(scenario, "warm", tmp_path / "first")
     assert first.status == "ok" and first.started == "warm"
     parent = psutil.Process(first.warm["parent_pid"])
     rss = parent.memory_info().rss
-    struck = threading.Timer(1.0, parent.send_signal, (signal.SIGKILL,))
+    struck = threading.Thread(target=kill_when_measuring, args=(parent, tmp_path / "during" / "reports"))
     struck.start()
-    during = launch(scenario, "warm", tmp_path / "during")
+    during = launch(Scenario("warm", "long", TINY, **{**SHAPE, "steps": 200}), "warm", tmp_path / "during")
     struck.join()
     assert during.status == "ok" and during.started == "warm", during.failure and during.failure.describe()
-    assert not parent.is_running() or parent.status() == psutil.STATUS_ZOMBIE
+    assert not psutil.wait_procs([parent], timeout=5)[1], "the parent outlived its SIGKILL"
     after = launch(scenario, "warm", tmp_path / "after")
     assert after.status == "ok" and after.started == "fork"
     assert f"the warm parent (pid {parent.pid}) died" in after.start_note
     again = launch(scenario, "warm", tmp_path / "again")
     assert again.status == "ok" and again.started == "warm" and again.warm["started_for_this_launch"]
     fresh = psutil.Process(again.warm["parent_pid"])
-    for n in range(3):
+    for n in range(2):
         assert launch(scenario, "warm", tmp_path / f"more{n}").started == "warm"
     assert fresh.num_threads() == 1
     assert fresh.memory_info().rss < rss + 8 * 2**20
+
+
+def kill_when_measuring(parent: psutil.Process, reports: Path) -> None:
+    """SIGKILL ``parent`` once rank 0 of the launch reporting to ``reports`` measures."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        phase = reports / "rank0.phase"
+        if phase.exists() and phase.read_text().startswith("measure"):
+            parent.send_signal(signal.SIGKILL)
+            return
+        time.sleep(0.01)
 
 
 def test_a_parent_refuses_to_fork_with_a_second_thread_or_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -240,3 +271,19 @@ def test_a_shared_folder_gone_with_its_owner_is_a_reason_not_a_crash(
     key = warm.ParentKey.of(sys.executable, ["nothing.at.all"], {})
     with pytest.raises(warm.WarmUnavailable, match="no warm parent could be started"):
         warm.parent_for(key)
+
+
+def test_a_sitecustomize_in_the_checkout_runs_in_a_warm_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interpreter runs sitecustomize at its start; a warm parent started elsewhere did not see the
+    team's, so its forked agent runs it, with the launch's environment (a hook may read it)."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os\nopen(os.path.join(os.getcwd(), f'hook-{os.getpid()}'), 'w').write(os.environ.get('MARK', ''))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # where an interpreter's start finds it (pytester's way)
+    outcome = launch(Scenario("warm", "hooked", TINY, **SHAPE), "warm", tmp_path / "run", MARK="launch")
+    assert outcome.status == "ok" and outcome.started == "warm"
+    written = {path.name: path.read_text() for path in tmp_path.glob("hook-*")}
+    # Once, in the agent (its ranks inherit what it did), with the launch's environment; not in the parent.
+    assert list(written.values()) == ["launch"], written
+    assert f"hook-{outcome.warm['parent_pid']}" not in written

@@ -171,6 +171,7 @@ class Launches:
             profile_steps=profile_steps,
             profile_trace=profile_trace,
             explain_oom=explain_oom,
+            imports=scenario.rank_imports(),
         )
         topology = self.topology(scenario)
         per_node = topology.ranks_per_node(scenario.world_size) if topology else None
@@ -189,7 +190,6 @@ class Launches:
             self.gpu_labels(),
             python.python,
             rank_start=profile.rank_start or "exec",  # resolved by the profile; never None
-            preload=scenario.rank_imports(),
         )
 
 

@@ -47,8 +47,6 @@ class WorkerJob:
     devices: tuple[str, ...] = ()  # this host's visible GPUs (index or UUID), split among emulated nodes
     python: str = sys.executable  # interpreter of the agents and ranks (a named environment's)
     rank_start: RankStart = "exec"
-    preload: tuple[str, ...] = ()
-    """Modules the ranks import beyond torch and perfsuite's worker (a ``warm`` parent imports them first)."""
 
     def node_of(self, rank: int) -> tuple[int, int]:
         """(node, local rank) of a global rank."""

@@ -63,6 +63,7 @@ def topology_from_env(
 
 class SlurmLauncher(TorchrunLauncher):
     name = "slurm"
+    agents_here = False  # srun starts each node's agent
 
     @classmethod
     def from_env(cls, nproc_per_node: int | None = None) -> SlurmLauncher:

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from perfsuite.launch import warm
 from perfsuite.launch.base import Launcher, LaunchOutcome, WorkerJob, classify
@@ -104,6 +104,8 @@ class Topology:
 
 class TorchrunLauncher(Launcher):
     name = "torchrun"
+    #: Whether its commands are the agents themselves (``python -m AGENT ...``), which a warm parent can fork.
+    agents_here: ClassVar[bool] = True
 
     def __init__(self, topology: Topology | None = None) -> None:
         self.topology = topology or Topology()
@@ -169,6 +171,8 @@ class TorchrunLauncher(Launcher):
         not ask for one). Multi-node launches, and ranks in another Python environment, start exec'd."""
         if job.rank_start != "warm":
             return None, ""
+        if not self.agents_here:
+            return None, f"the {self.name} launcher starts each node's agent itself"
         if not sys.platform.startswith("linux"):
             return None, f"a warm parent needs Linux (/proc, pidfd_open); this is {sys.platform}"
         nodes, _ = self.topology.layout(job.world_size)
@@ -176,7 +180,7 @@ class TorchrunLauncher(Launcher):
             return None, f"{nodes} nodes: each node's agent starts as a fresh interpreter"
         if job.python != sys.executable:
             return None, f"another Python environment ({job.python}) starts fresh interpreters"
-        key = warm.ParentKey.of(job.python, job.preload, env)
+        key = warm.ParentKey.of(job.python, job.rank_job.imports, env)
         try:
             parent, started_now = warm.parent_for(key)
         except warm.WarmUnavailable as exc:

@@ -206,9 +206,11 @@ class WarmParent:
     def start(cls, key: ParentKey, folder: Path, owner: str) -> WarmParent:
         """Start a parent in ``folder``, watching ``owner``, and wait until it has imported its set
         (:data:`START_TIMEOUT_S`)."""
-        cmd = [key.python, "-m", PARENT_MODULE, str(folder / "parent.sock"), "--owner", owner]
+        hooks = _empty_site_hooks(folder / "hooks")
+        cmd = [key.python, "-m", PARENT_MODULE, str(folder / "parent.sock"), "--owner", owner, "--hooks", str(hooks)]
         cmd += [arg for module in key.preload for arg in ("--preload", module)]
         env = {**os.environ, **dict(key.env), TOKEN_VAR: f"warm-{uuid.uuid4().hex}"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hooks), env.get("PYTHONPATH")]))
         with open(folder / "parent.log", "wb") as log:
             proc = subprocess.Popen(
                 cmd, env=env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
@@ -267,6 +269,16 @@ class WarmParent:
         if self.alive():
             _end(self.facts.pid)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _empty_site_hooks(folder: Path) -> Path:
+    """A folder of empty ``sitecustomize`` and ``usercustomize`` modules, first on the parent's path:
+    the interpreter's start imports them instead of the real hooks, which each forked agent runs
+    once, with its launch's environment (a hook that patches would otherwise patch twice)."""
+    folder.mkdir()
+    for name in ("sitecustomize", "usercustomize"):
+        (folder / f"{name}.py").write_text("")
+    return folder
 
 
 def _runs(pid: int, ticks: str = "") -> bool:

@@ -228,6 +228,10 @@ class RankJob:
     moment (``samples_per_ref``); 0: none."""
     seed: int = 0
     """Seed for weights and synthetic data."""
+    imports: tuple[str, ...] = ()
+    """Modules the ranks import before the memory budget goes on, however they start (a warm
+    parent has them already): the runner's, the engine's, the model's classes. So the budget
+    covers the workload, not its libraries, alike for warm, forked and exec'd ranks."""
 
     def to_json(self) -> dict[str, Any]:
         return {**encode(self), "spec_type": object_path(type(self.spec))}

@@ -1,11 +1,15 @@
 """What a forked process resets so that it runs as a fresh interpreter would (launched side):
-the BLAS thread pool's size. A forked agent (:mod:`perfsuite.rank.worker.warmparent`) and a
+the BLAS thread pool's size, and the interpreter's start-up hooks. A forked agent (:mod:`perfsuite.rank.worker.warmparent`) and a
 forked rank (:mod:`perfsuite.rank.worker.__main__`) inherit the pool their parent sized when it
 loaded OpenBLAS, before torchrun set ``OMP_NUM_THREADS`` for the ranks."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import site
+import sys
+import traceback
 from collections.abc import Mapping
 
 #: The variables OpenBLAS reads for its thread count when it loads, in its order.
@@ -32,3 +36,19 @@ def size_blas_pool(env: Mapping[str, str]) -> None:
     threadpoolctl.threadpool_limits(blas_threads(env), user_api="blas")
     if before is None:
         os.environ.pop(KMP_VAR, None)
+
+
+def run_site_hooks() -> None:
+    """Run ``sitecustomize`` and ``usercustomize`` as an interpreter's start would, from this
+    process's import path: a team's hook in its checkout (a patch, a tracer) must run in the
+    agent a warm parent forked for its launch, not only in the parent, which started elsewhere."""
+    hooks = ["sitecustomize", *(["usercustomize"] if site.ENABLE_USER_SITE else [])]
+    for name in hooks:
+        sys.modules.pop(name, None)
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            if exc.name != name:  # the hook exists and failed: site prints it and goes on
+                traceback.print_exc()
+        except Exception:
+            traceback.print_exc()

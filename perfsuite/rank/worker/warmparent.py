@@ -242,6 +242,7 @@ def become_agent(request: Mapping[str, Any], inherited: list[int], base_path: li
         resource.setrlimit(getattr(resource, name), (soft, hard))
     os.umask(request["umask"])
     fresh.size_blas_pool(request["env"])
+    fresh.run_site_hooks()
     from perfsuite.rank.worker import agent
 
     sys.argv = [agent.__file__, *request["args"]]
@@ -267,10 +268,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("socket")
     parser.add_argument("--owner", required=True, help="PID:START_TICKS of the gate that owns this parent")
     parser.add_argument("--preload", action="append", default=[], help="a module to import (repeatable)")
+    parser.add_argument("--hooks", help="the folder of empty site hooks the interpreter's start imported")
     args = parser.parse_args(argv)
     setproctitle.getproctitle()  # finds argv's memory now: after the environment changes it cannot
     set_comm(PARENT_NAME)  # which that set to the command line's start
-    base_path = sys.path[1:]  # before any import adds to it
+    # The import path a forked agent starts from: this one's before any import adds to it, less the
+    # folder whose empty site hooks stood in for the real ones (each agent runs those, fresh.py).
+    base_path = [entry for entry in sys.path[1:] if entry != args.hooks]
+    for hook in ("sitecustomize", "usercustomize"):
+        sys.modules.pop(hook, None)
     signal.signal(signal.SIGTERM, stop)
     # Standard output is the gate's, for the ready line only: what the imports print (DeepSpeed
     # logs its accelerator there) goes to standard error, the parent's log.
