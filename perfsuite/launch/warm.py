@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.launch.procs import TOKEN_VAR
+from perfsuite.spec import procstat
 from perfsuite.spec.protocol import WARM_RLIMITS
 
 PARENT_MODULE = "perfsuite.rank.worker.warmparent"
@@ -181,7 +182,7 @@ def _wait_orphan(pid: int, timeout: float | None) -> int:
     """Wait for an agent that is no child of ours to end: a zombie has ended (whoever reaps it,
     if anyone: a container's first process may not). Its status is lost with its parent: 0."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    while _runs(pid):
+    while procstat.runs(pid):
         if deadline is not None and time.monotonic() > deadline:
             raise subprocess.TimeoutExpired(f"warm agent {pid}", timeout or 0.0)
         time.sleep(0.05)
@@ -234,7 +235,7 @@ class WarmParent:
         return cls(key, folder, facts)
 
     def alive(self) -> bool:
-        return _runs(self.facts.pid, self.facts.ticks)
+        return procstat.runs(self.facts.pid, self.facts.ticks)
 
     def fork(self, args: Sequence[str], env: Mapping[str, str], log: Path) -> WarmChild:
         """A fresh agent, ``python -m perfsuite.rank.worker.agent ARGS`` as this process would have
@@ -281,16 +282,6 @@ def _empty_site_hooks(folder: Path) -> Path:
     return folder
 
 
-def _runs(pid: int, ticks: str = "") -> bool:
-    """Whether ``pid`` runs (a zombie does not), and started at ``ticks`` when given."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-    except OSError:
-        return False
-    return fields[0] != "Z" and (not ticks or fields[19] == ticks)
-
-
 def _end(pid: int, grace_s: float = 5.0) -> None:
     """SIGTERM ``pid``, SIGKILL it if it still runs after ``grace_s``; reap it if it is ours."""
     for signum in (signal.SIGTERM, signal.SIGKILL):
@@ -299,7 +290,7 @@ def _end(pid: int, grace_s: float = 5.0) -> None:
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             _reap()
-            if not _runs(pid):
+            if not procstat.runs(pid):
                 return
             time.sleep(0.02)
 
@@ -331,9 +322,7 @@ def _read_ready(proc: subprocess.Popen[bytes], log: Path) -> dict[str, Any]:
 def _owner(pid: int | None = None) -> str:
     """``PID:START_TICKS`` of a process (this one), which a parent watches (a reused pid has another start)."""
     pid = os.getpid() if pid is None else pid
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return f"{pid}:{fields[19]}"
+    return f"{pid}:{procstat.start_ticks(pid)}"
 
 
 def _umask() -> int:

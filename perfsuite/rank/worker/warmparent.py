@@ -45,6 +45,7 @@ from typing import Any
 import setproctitle
 
 from perfsuite.rank.worker import fresh
+from perfsuite.spec import procstat
 
 #: The parent's process name.
 PARENT_NAME = "perfsuite-warm"
@@ -81,21 +82,10 @@ def cuda_poisons_forks() -> bool:
     return os.waitstatus_to_exitcode(status) != 0
 
 
-def start_ticks() -> str:
-    """This process's start, in clock ticks after boot (``/proc/self/stat`` field 22)."""
-    with open("/proc/self/stat") as stat:
-        return stat.read().rpartition(")")[2].split()[19]
-
-
 def owner_alive(owner: str) -> bool:
-    """Whether the process ``PID:CREATED`` (its start in clock ticks after boot) still runs."""
-    pid, _, created = owner.partition(":")
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-    except OSError:
-        return False
-    return fields[0] != "Z" and (not created or fields[19] == created)
+    """Whether the process ``PID:START_TICKS`` still runs."""
+    pid, _, ticks = owner.partition(":")
+    return procstat.runs(pid, ticks)
 
 
 def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -287,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     listener.bind(args.socket)
     listener.listen(16)
     perfsuite = sys.modules["perfsuite"].__file__  # which checkout it imported
-    ready = {"pid": os.getpid(), "ticks": start_ticks(), "perfsuite": perfsuite, **facts}
+    ready = {"pid": os.getpid(), "ticks": procstat.start_ticks(), "perfsuite": perfsuite, **facts}
     with said:
         said.write(json.dumps({"ready": ready, "refusal": fork_refusal()}) + "\n")
     Server(listener, args.owner, base_path).serve()
