@@ -410,18 +410,6 @@ def forget(key: ParentKey) -> None:
         parent.stop()
 
 
-def running() -> list[WarmParent]:
-    """The parents this process can reach: its own, and those of its shared folder."""
-    found = list(_PARENTS.values())
-    shared = os.environ.get(SHARED_VAR)
-    if shared:
-        for ready in sorted(Path(shared).glob("*/ready.json")):
-            parent = WarmParent.attach(ParentKey("", (), ()), ready.parent)
-            if parent is not None and parent.alive():
-                found.append(parent)
-    return found
-
-
 def share_with_children() -> Path:
     """Make this process the owner of a folder of warm parents that the processes it starts use
     too (:data:`SHARED_VAR`, set in its environment): the self-tests' pytest sessions of one
