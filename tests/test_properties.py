@@ -524,8 +524,10 @@ FLAGS: dict[str, tuple[tuple[str, ...], Callable[[str], bool]]] = {
     "--perf-local-agents": ((), _int_at_least(1)),
     "--perf-max-batch-limit": (("--perf-find-max-batch",), _int_at_least(1)),
     "--perf-max-batch-start": (("--perf-find-max-batch",), _int_at_least(1, 4096)),
-    "--perf-ab-tolerance": ((*AB, "--perf-repeats=3"), _finite_in(0, 1, high_open=True)),
-    "--perf-ab-inject-slowdown": ((*AB, "--perf-repeats=3"), _finite_in(0)),
+    "--perf-min-effect": (AB, lambda t: _finite_in(0, 10, high_open=True)(t) and float(t) > 0),
+    "--perf-ab-max-pairs": (AB, _int_at_least(2, 200)),
+    "--perf-ab-budget": (AB, lambda t: _finite_in(0)(t) and float(t) > 0),
+    "--perf-ab-inject-slowdown": (AB, _finite_in(0)),
     "--perf-gpu-hour-price": (("--perf-profile=cpu",), _finite_in(0)),
 }
 #: Free-form flags: any value is accepted or refused by name, no rule to restate.
@@ -554,7 +556,7 @@ def test_numeric_flags_are_accepted_exactly_when_valid(pytester: pytest.Pytester
 @settings(FAST, max_examples=40, suppress_health_check=FIXTURE)
 @given(flag=st.sampled_from(FREE_FLAGS), value=st.one_of(flag_text, st.tuples(env_names, flag_text).map("=".join)))
 def test_free_form_flags_are_accepted_or_refused_by_name(pytester: pytest.Pytester, flag: str, value: str) -> None:
-    args = [f"{flag}={value}", *(["--perf-repeats=3"] if flag == "--perf-ab" else [])]
+    args = [f"{flag}={value}"]
     try:
         _configure(pytester, args)
     except pytest.UsageError as exc:

@@ -9,48 +9,89 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.commands.abrev import BASE, CANDIDATE, METRIC, compare_runs, export, launch_of, own_plugin
+from perfsuite.commands import abrev
+from perfsuite.commands.abrev import METRIC, Settings, SideRun, ab_trees, export, launch_of, own_plugin
 
 BUSY = "other processes kept 0.90 of vm's 2 CPU cores busy (limit 0.25)"
+BASE_TREE, CANDIDATE_TREE = Path("/base"), Path("/candidate")
 
 
-def runs(base: list[float], candidate: list[float], busy: str = "") -> list[tuple[str, dict]]:
-    """Alternating runs of one scenario, base first, as ab-rev makes them."""
-    out = []
-    for b, c in zip(base, candidate, strict=True):
-        out.append((BASE, {"g.s": ("ok", {METRIC: b}, "", "")}))
-        out.append((CANDIDATE, {"g.s": ("ok", {METRIC: c}, "", busy)}))
-    return out
+def replay(monkeypatch: pytest.MonkeyPatch, base: list[dict], candidate: list[dict], effect: float = 0.1) -> list[Path]:
+    """``run_side`` replaced by each side's runs in order (a dict: scenario id -> launch); the order
+    the sides ran in is returned."""
+    queues = {BASE_TREE: iter(base), CANDIDATE_TREE: iter(candidate)}
+    ran: list[Path] = []
+
+    def run_side(root: Path, paths: object, args: object, out: Path) -> SideRun:
+        ran.append(root)
+        launches = next(queues[root])
+        return SideRun(launches, dict.fromkeys(launches, effect), 1.0)
+
+    monkeypatch.setattr(abrev, "run_side", run_side)
+    return ran
 
 
-def test_a_slower_candidate_beside_a_drifting_base_is_a_regression() -> None:
+def ok(value: float, busy: str = "") -> dict:
+    return {"g.s": ("ok", {METRIC: value}, "", busy)}
+
+
+def test_a_slower_candidate_beside_a_drifting_base_is_a_regression(monkeypatch: pytest.MonkeyPatch) -> None:
     # The machine drifts +-30% between pairs; the candidate is 20% slower than the base beside it.
-    base = [100.0, 70.0, 130.0]
-    (result,) = compare_runs(runs(base, [b * 0.8 for b in base]), pairs=3, tolerance=0.10)
-    assert result.verdict == "regression"
-    assert result.comparisons[0].change == pytest.approx(-0.2)
+    base = [100.0, 70.0, 130.0, 90.0, 110.0, 80.0, 120.0, 100.0]
+    ran = replay(monkeypatch, [ok(b) for b in base], [ok(b / 1.2 * (1 + 0.01 * (i % 3))) for i, b in enumerate(base)])
+    (result,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(), Path("/scratch"))
+    assert result.verdict == "regression" and result.headline is not None
+    assert result.headline.state.slowdown == pytest.approx(0.19, abs=0.02)
+    # The side that runs first alternates, and the A/B stops once decided.
+    assert ran == [BASE_TREE, CANDIDATE_TREE, CANDIDATE_TREE, BASE_TREE, BASE_TREE, CANDIDATE_TREE][: len(ran)]
+    assert len(ran) == 2 * result.pairs < 2 * 8
 
 
-def test_drift_alone_passes_and_contention_makes_a_regression_unreliable() -> None:
-    base = [100.0, 70.0, 130.0]
-    (same,) = compare_runs(runs(base, [b * 1.01 for b in base]), pairs=3, tolerance=0.10)
+def test_drift_alone_passes_and_contention_makes_a_regression_unreliable(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = [100.0, 70.0, 130.0, 90.0, 110.0, 80.0, 120.0, 100.0]
+    replay(monkeypatch, [ok(b) for b in base], [ok(b * (1.005 - 0.01 * (i % 2))) for i, b in enumerate(base)])
+    (same,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(), Path("/scratch"))
     assert same.verdict == "pass"
-    (busy,) = compare_runs(runs(base, [b * 0.8 for b in base], busy=BUSY), pairs=3, tolerance=0.10)
+    replay(monkeypatch, [ok(b) for b in base], [ok(b * 0.8, BUSY) for b in base])
+    (busy,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(), Path("/scratch"))
     assert busy.verdict == "unreliable" and "measured under contention" in busy.message
 
 
-def test_a_scenario_one_side_did_not_measure_is_an_error() -> None:
-    measured = runs([100.0, 100.0], [99.0, 98.0])
-    measured[1] = (CANDIDATE, {"g.s": ("crash", {}, "rank 1 died", "")})
-    (result,) = compare_runs(measured, pairs=2, tolerance=0.10)
+def test_the_candidates_minimum_effect_decides_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = [100.0] * 8
+    candidate = [100.0 / 1.05 * (1 + 0.004 * (-1) ** i) for i in range(8)]  # 5% slower, steady
+    replay(monkeypatch, [ok(b) for b in base], [ok(c) for c in candidate], effect=0.10)
+    (small,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(), Path("/scratch"))
+    assert small.verdict == "pass" and small.headline is not None and small.headline.design.min_effect == 0.10
+    replay(monkeypatch, [ok(b) for b in base], [ok(c) for c in candidate], effect=0.10)
+    (strict,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(min_effect=0.02), Path("/scratch"))
+    assert strict.verdict == "regression"
+
+
+def test_a_scenario_one_side_did_not_measure_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    replay(monkeypatch, [ok(100.0), ok(100.0)], [{"g.s": ("crash", {}, "rank 1 died", "")}, ok(98.0)])
+    (result,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(), Path("/scratch"))
     assert result.verdict == "error" and "rank 1 died" in result.message
+    replay(monkeypatch, [ok(100.0)], [{}])
+    (missing,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(), Path("/scratch"))
+    assert missing.verdict == "error" and "no candidate run measured it" in missing.message
 
 
-def test_a_scenario_without_samples_per_s_is_skipped_not_passed() -> None:
+def test_a_scenario_without_samples_per_s_is_skipped_not_passed(monkeypatch: pytest.MonkeyPatch) -> None:
     # A matmul measured on both sides has no throughput to compare: never a green "pass".
     matmul = {"id": "microbench.matmul_fp32", "status": "ok", "metrics": {"tflops": {"mean": 0.3, "std": 0.01, "n": 8}}}
-    (result,) = compare_runs([(BASE, {"m": launch_of(matmul)}), (CANDIDATE, {"m": launch_of(matmul)})] * 2, 2, 0.10)
+    replay(monkeypatch, [{"m": launch_of(matmul)}], [{"m": launch_of(matmul)}])
+    (result,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(), Path("/scratch"))
     assert result.verdict == "skipped" and f"measures no {METRIC}" in result.message
+    assert abrev.exit_status([result], "ab-rev") == abrev.NOT_JUDGED
+
+
+def test_undecided_is_not_judged(monkeypatch: pytest.MonkeyPatch) -> None:
+    noisy = [100.0, 90.0, 110.0, 100.0]
+    replay(monkeypatch, [ok(100.0)] * 3, [ok(v) for v in noisy[:3]])
+    (result,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(max_pairs=3), Path("/scratch"))
+    assert result.verdict == "undecided" and result.pairs == 3
+    assert abrev.exit_status([result], "ab-rev") == abrev.NOT_JUDGED
 
 
 def test_a_revision_is_exported_without_a_worktree(tmp_path: Path) -> None:
@@ -71,8 +112,9 @@ def test_a_revision_is_exported_without_a_worktree(tmp_path: Path) -> None:
     ("args", "words"),
     [
         (["ab-rev", "no-such-rev", "-k", "x"], "cannot export 'no-such-rev'"),
-        (["ab-rev", "HEAD", "-k", "x", "--pairs", "1"], "argument --pairs"),
-        (["ab-rev", "HEAD", "-k", "x", "--tolerance", "2"], "argument --tolerance"),
+        (["ab-rev", "HEAD", "-k", "x", "--pairs", "1"], "argument --max-pairs/--pairs: must be 2 or more"),
+        (["ab-rev", "HEAD", "-k", "x", "--tolerance", "0.1"], "--tolerance is gone"),
+        (["ab-rev", "HEAD", "-k", "x", "--min-effect", "2%"], "give a fraction, e.g. 0.02"),
         (["ab-rev", "HEAD", "--pairs", "x"], "is not a whole number"),
     ],
 )

@@ -1,6 +1,7 @@
-"""``selftest --simulate``: the vectorised model is the gate's own judging code, its inputs are the
-committed data, and what it prints (rates with intervals, the model's verdict on the committed
-trials, each row's smallest detectable slowdown) behaves. Seconds, no launch."""
+"""``selftest --simulate``: the vectorised model is the gate's own judging code and the sequential
+A/B's own ``run_ab``, its inputs are the committed data, and what it prints (rates with intervals,
+the A/B's figures, the model's verdict on the committed trials, each row's smallest detectable
+slowdown) behaves. Seconds, no launch."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ import numpy as np
 import pytest
 
 from perfsuite.__main__ import main
-from perfsuite.judge.simulate import minimum_detectable, model, realgate
+from perfsuite.judge import sequential
+from perfsuite.judge.sequential import Design
+from perfsuite.judge.simulate import ab_minimum_detectable, minimum_detectable, model, realgate, sensitivity
 from perfsuite.judge.simulate.cli import Options, report
-from perfsuite.judge.simulate.noise import PROFILES, Row, noise_of, typical_row
+from perfsuite.judge.simulate.noise import PROFILES, Row, min_effect_of, noise_of, typical_row
 from perfsuite.judge.simulate.rates import rate
-from perfsuite.judge.simulate.trials import Trials
+from perfsuite.judge.simulate.trials import COMMITTED, Trials
 from perfsuite.spec.profiles import CPU, HardwareProfile, gpu_profile
 from perfsuite.store.baselines import BaselineEntry
 
@@ -59,14 +62,58 @@ def test_the_cv_limit_and_the_spread_rule_are_the_gates() -> None:
     assert {model.PASS, model.REGRESSION, model.UNRELIABLE} <= set(real.tolist())
 
 
-def test_the_vectorised_ab_is_abtest_compare() -> None:
+def test_the_old_fixed_ab_of_the_committed_trials_is_abtest_compare() -> None:
     row = Row(0.08, 0.027, 0.0, 12, 1, 0.10)
     draws = model.pair_draws(row, 3, np.random.default_rng(5), 20_000)
     for slowdown in (0.0, 0.15):
-        modelled = model.ab_verdicts(draws, 0.10, slowdown)
-        real = realgate.ab_verdicts(draws, 0.10, slowdown, 400)
+        modelled = model.fixed_ab_verdicts(draws, model.FIXED_AB_REV_TOLERANCE, slowdown)
+        real = realgate.fixed_ab_verdicts(draws, model.FIXED_AB_REV_TOLERANCE, slowdown, 400)
         assert np.array_equal(modelled[:400], real)
         assert rate(modelled).overlaps(rate(real))
+    # Only the historical trials of that design are judged by it: the ab-rev ones ran its tolerance.
+    assert {t.ab_tolerance for t in COMMITTED if t.mode == "ab" and t.pairs == 3} == {model.FIXED_AB_REV_TOLERANCE}
+
+
+@pytest.mark.parametrize(
+    ("row", "design"),
+    [
+        # cpu's typical row at its 10% minimum effect; a noisier one that often runs out of pairs; the
+        # H100's at 2%, and at 1% with 12 pairs.
+        (Row(0.053, 0.027, 0.0, 12, 1, 0.4), Design(0.10)),
+        (Row(0.15, 0.03, 0.0, 12, 1, 0.4), Design(0.10, max_pairs=5)),
+        (Row(0.019, 0.0045, 0.0, 20, 3, 0.057), Design(0.02)),
+        (Row(0.019, 0.0045, 0.0, 20, 3, 0.057), Design(0.01, max_pairs=12)),
+    ],
+    ids=["cpu", "cpu-noisy", "h100", "h100-1pct"],
+)
+def test_the_vectorised_sequential_ab_is_run_ab(row: Row, design: Design) -> None:
+    draws = model.pair_draws(row, design.max_pairs, np.random.default_rng(11), 5000)
+    seen: set[int] = set()
+    for slowdown in (0.0, design.min_effect / 2, design.min_effect, 2 * design.min_effect):
+        codes, spent = model.sequential_verdicts(draws, design, slowdown)
+        real, real_spent = realgate.sequential_verdicts(draws, design, slowdown, 300)
+        # Draw for draw the same verdict after the same pairs, through Trial's looks pair by pair.
+        assert np.array_equal(codes[:300], real) and np.array_equal(spent[:300], real_spent)
+        assert set(codes.tolist()) <= {sequential.REGRESSION, sequential.PASS, sequential.UNDECIDED}
+        assert ((spent >= design.first_look) & (spent <= design.max_pairs)).all()
+        assert (spent[codes == sequential.UNDECIDED] == design.max_pairs).all()
+        seen |= set(real.tolist())
+    assert {sequential.REGRESSION, sequential.PASS} <= seen
+
+
+def test_the_sequential_ab_keeps_its_promised_rates_at_the_modelled_noise() -> None:
+    # The design promises regression at 0% at most alpha and pass at the minimum effect at most beta.
+    for name in ("cpu", "nvidia-h100-x1"):
+        noise = noise_of(name)
+        profile = CPU if name == "cpu" else H100
+        row, design = typical_row(noise, profile), Design(profile.min_effect)
+        draws = model.pair_draws(row, design.max_pairs, np.random.default_rng(2), 20_000)
+        false_alarms = model.sequential_verdicts(draws, design, 0.0)[0] == sequential.REGRESSION
+        passed = model.sequential_verdicts(draws, design, design.min_effect)[0] == sequential.PASS
+        assert rate(false_alarms).interval()[0] <= design.alpha
+        assert rate(passed).interval()[0] <= design.beta
+    with pytest.raises(ValueError, match="draws of 8 pairs"):
+        model.sequential_verdicts(model.pair_draws(row, 3, np.random.default_rng(0), 10), design, 0.0)
 
 
 def test_the_command_prints_rates_with_intervals_for_cpu_and_the_h100(
@@ -86,14 +133,32 @@ def test_the_command_prints_rates_with_intervals_for_cpu_and_the_h100(
     out = capsys.readouterr().out
     sections = out.split("\n== ")[1:]
     assert [s.split(":")[0] for s in sections] == ["cpu", H100.name]
-    for section in sections:
+    for section, effect, half in zip(sections, ("10%", "2.0%"), ("5.0%", "1.0%"), strict=True):
         for level, change in (("0", "-0.0%"), ("3", "-2.9%"), ("5", "-4.8%"), ("10", "-9.1%")):
             line = next(x for x in section.splitlines() if re.match(rf"\s+{level}%\s+{re.escape(change)}\s", x))
-            assert len(re.findall(INTERVAL, line)) == 3 and "agrees" in line, line
+            assert len(re.findall(INTERVAL, line)) == 2 and "agrees" in line, line
         assert re.search(r"per session\s+\d", section) and "docs/" in section
-        assert "smallest slowdown caught 9 times in 10" in section
-        assert re.search(r"\.amp\s+.*\d+% \(-[\d.]+%\)\s+\d+% \(-[\d.]+%\)\s+\d+% \(-[\d.]+%\)", section)
+        # The sequential A/B of the typical row: the profile's minimum effect, checked by run_ab draw for draw...
+        blocks = section.split("    minimum effect ")[1:]
+        assert blocks[0].startswith(f"{effect} (the profile's), at most 8 pairs:")
+        rows = [x for x in blocks[0].splitlines() if re.match(r"\s+[\d.]+%\s+-[\d.]+%\s", x)]
+        assert [x.split()[0] for x in rows] == ["0.0%", half, effect]
+        for line in rows:
+            assert len(re.findall(INTERVAL, line)) == 2 and "same verdict and pairs in 1,000 of 1,000" in line, line
+            assert re.search(rf"{INTERVAL}\s+\d+\.\d\d\s+\d+\s+same", line), line
+        # ...and what 1% costs, at 8 pairs and at 20.
+        assert [b.split(":")[0] for b in blocks[1:]] == [
+            "1.0% (what 1% costs; 3,000 A/Bs a level), at most 8 pairs",
+            "1.0% (what 1% costs; 3,000 A/Bs a level), at most 20 pairs",
+        ]
+        assert "the smallest slowdown caught 9 times in 10" in section
+        # Each committed row: m, P(regression) and P(undecided) at 0, m/2 and m, mean and p95 pairs, the
+        # gate's and the A/B's smallest detectable slowdown (with the A/B's mean pairs).
+        figures = r"(?:\s+[\d.]+%){4}(?:\s+[\d.]+%){6}(?:\s+\d+\.\d){3}(?:\s+\d+){3}"
+        caught = r"\s+\d[\d.]*% \(-[\d.]+%\)\s+\d[\d.]*% \(-[\d.]+%\), \d+\.\d$"
+        assert re.search(rf"\.amp{figures}{caught}", section, re.MULTILINE), section
     assert re.search(r"gate, every 0% trial: observed 2/8 false alarms; .* model rejected", out)
+    assert "ab mixed_precision.amp (fixed, 3 pairs)" in out
 
 
 def test_selftest_still_needs_k_unless_it_simulates(capsys: pytest.CaptureFixture[str]) -> None:
@@ -102,12 +167,16 @@ def test_selftest_still_needs_k_unless_it_simulates(capsys: pytest.CaptureFixtur
     assert "-k is required (unless --simulate)" in capsys.readouterr().err
     assert main(["selftest", "--simulate", "--profile", "nvidia-h900"]) == 2
     assert "no measured variance components for profile 'nvidia-h900'" in capsys.readouterr().err
+    assert main(["selftest", "--simulate", "--max-pairs", "201"]) == 2
+    assert "max_pairs <= 200" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["selftest", "--simulate", "--pairs", "1"])
 
 
-def _entry(cv: float, n: int = 20, launches: int = 3) -> BaselineEntry:
+def _entry(cv: float, n: int = 20, launches: int = 3, **extra: object) -> BaselineEntry:
     stored = {"mean": 100.0, "std": 100.0 * cv, "n": n * launches}
     return BaselineEntry("ok", {"samples_per_s": stored}, {"samples_per_s": 0.05}, {},
-                         extra={"calibration": {"repeats": launches}})  # fmt: skip
+                         extra={"calibration": {"repeats": launches}, **extra})  # fmt: skip
 
 
 def test_the_smallest_detectable_slowdown_grows_with_the_spread_and_shrinks_with_pairs() -> None:
@@ -115,10 +184,32 @@ def test_the_smallest_detectable_slowdown_grows_with_the_spread_and_shrinks_with
     assert steady is not None and noisy is not None and steady < noisy
     # Beyond the 5% tolerance (throughput -4.8% at 5%), but not far beyond on a steady row.
     assert 0.05 < steady < 0.15
+    # The sequential A/B with at most 3 pairs against cpu's 10% runs out of pairs on a noisy row; 10 decide.
     few, many = minimum_detectable(_entry(0.12), CPU, pairs=3), minimum_detectable(_entry(0.12), CPU, pairs=10)
     assert few is not None and many is not None and many < few
     # Near the GPU's 15% CV limit a run and its confirmation both under it are under 9 in 10.
     assert minimum_detectable(_entry(0.12), H100) is None
+
+
+def test_the_ab_catches_about_its_minimum_effect_and_says_what_it_costs() -> None:
+    # A steady H100 row: about the 2% minimum effect, in 2 to 5 pairs; a noisier one costs more of both.
+    steady, noisy = ab_minimum_detectable(_entry(0.01), H100), ab_minimum_detectable(_entry(0.06), H100)
+    assert steady is not None and noisy is not None
+    assert 0.015 < steady.slowdown < 0.025 and 2 <= steady.mean_pairs < 5
+    assert noisy.slowdown > steady.slowdown and noisy.mean_pairs > steady.mean_pairs
+    assert minimum_detectable(_entry(0.01), H100, pairs=8) == steady.slowdown
+    # A scenario's own minimum effect, where its baseline records one, is the one decided against.
+    own = _entry(0.01, min_effect=0.05)
+    assert min_effect_of(own, H100) == (0.05, "the scenario's") and min_effect_of(_entry(0.01), H100)[0] == 0.02
+    found = ab_minimum_detectable(own, H100)
+    assert found is not None and 0.04 < found.slowdown < 0.06
+    assert minimum_detectable(own, H100, pairs=8, min_effect=0.02) == steady.slowdown
+    said = sensitivity(_entry(0.01), H100)
+    assert re.match(r"caught 9 times in 10 .*: a slowdown of [\d.]+% \(throughput -[\d.]+%\) by this gate, "
+                    r"[\d.]+% \(throughput -[\d.]+%\) by the sequential A/B \(ab-rev, --perf-ab\) in [\d.]+ pairs on "
+                    r"average \(at most 8; minimum effect 2.0%, the profile's\)$", said), said  # fmt: skip
+    assert "minimum effect 5.0%, the scenario's" in sensitivity(own, H100)
+    assert sensitivity(_entry(0.01), H100, min_effect=0.03).endswith("minimum effect 3.0%, the scenario's)")
 
 
 def _options(*observed: Trials) -> Options:

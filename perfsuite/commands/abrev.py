@@ -1,15 +1,16 @@
 """``python -m perfsuite ab-rev REV``: is this checkout slower than revision REV?
 
-An interleaved A/B of two revisions of one repository on one machine, for machines whose
-speed drifts between sessions more than any stored baseline's tolerance can absorb (the
-2-core cpu VM: 15-40%, and no same-session reference followed it; docs/lab/issue-26.md).
-REV's tree is exported (``git archive``) into a scratch folder, then the selected scenarios
-run alternately there and here, base first, ``--pairs`` times: every run is a whole pytest
-process of that side's own code (its bench_tests, and its perfsuite when the repository holds
-one), with an empty baselines folder, so nothing is judged or written, only measured. The
-candidate's per-run throughput against the base's run beside it is compared with the paired
-test of ``--perf-ab`` (:func:`perfsuite.judge.abtest.run_ab`): drift hits both sides alike. A
-regression measured under contention is unreliable. Torch-free.
+An interleaved, sequential A/B of two revisions of one repository on one machine, for machines
+whose speed drifts between sessions more than any stored baseline's tolerance can absorb (the
+2-core cpu VM: 15-40%; docs/lab/issue-26.md) and for slowdowns smaller than a stored baseline's
+tolerance (2% on a GPU). REV's tree is exported (``git archive``) into a scratch folder, then the
+selected scenarios run there and here pair by pair, the side that goes first alternating: every
+run is a whole pytest process of that side's own code (its bench_tests, and its perfsuite when
+the repository holds one), with an empty baselines folder, so nothing is judged or written, only
+measured. After each pair every open scenario is judged by :mod:`perfsuite.judge.sequential`:
+regression, pass (no slowdown of the minimum effect or more) or one more pair, until
+``--max-pairs`` or ``--budget``, then undecided. A regression measured under contention is
+unreliable. ``bisect`` runs the same A/B (:func:`ab_trees`) between commits. Torch-free.
 """
 
 from __future__ import annotations
@@ -21,19 +22,20 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfsuite.commands.cliargs import at_least, probability
+from perfsuite.commands.cliargs import at_least, duration
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - the tomli dependency on 3.10
     import tomli as tomllib
-from perfsuite.judge.abtest import REV_TOLERANCE as DEFAULT_TOLERANCE
-from perfsuite.judge.abtest import ABResult, run_ab, summary_lines
+from perfsuite.judge import sequential
+from perfsuite.judge.abtest import ABResult, Trial, markdown_lines, summary_lines
 from perfsuite.judge.contention import Contention, contended
 from perfsuite.launch import warm
 from perfsuite.spec.profiles import CPU
@@ -43,6 +45,37 @@ BASE, CANDIDATE = "base", "candidate"
 METRIC = "samples_per_s"
 #: A launch is (status, metrics, message, why it was contended).
 Launch = tuple[str, dict[str, float], str, str]
+#: Exit statuses: a regression, bad input, something not judged (undecided, unreliable, failed).
+REGRESSED, BAD_INPUT, NOT_JUDGED = 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one A/B between two trees runs and how it decides."""
+
+    paths: tuple[str, ...] = ("bench_tests",)
+    args: tuple[str, ...] = ()
+    """pytest arguments for both sides (``-k``, ``--perf-profile``)."""
+    candidate_args: tuple[str, ...] = ()
+    min_effect: float | None = None
+    """None: each scenario's own, else its profile's, as the candidate's results file says."""
+    max_pairs: int = sequential.MAX_PAIRS
+    budget_s: float | None = None
+    """No new pair after this long (seconds since the first)."""
+
+    def __post_init__(self) -> None:
+        sequential.Design(self.min_effect or CPU.min_effect, max_pairs=self.max_pairs)  # its errors name the field
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise ValueError(f"budget_s must be positive seconds, got {self.budget_s!r}")
+
+
+@dataclass(frozen=True)
+class SideRun:
+    """One pytest run of one side: each scenario's launch and minimum effect, by id."""
+
+    launches: Mapping[str, Launch]
+    min_effects: Mapping[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
 
 
 def export(repo: Path, rev: str, into: Path) -> str:
@@ -64,19 +97,24 @@ def _git(repo: Path, *args: str) -> str:
     return done.stdout
 
 
-def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: Path) -> dict[str, Launch]:
+def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: Path) -> SideRun:
     """One pytest run of the selected scenarios in ``root`` (that side's code first on the path),
-    against an empty baselines folder: each scenario's launch, by id."""
+    against an empty baselines folder: each scenario's launch and minimum effect, by id."""
     empty = out.with_suffix(".baselines")
     empty.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "pytest", *paths, "-p", "no:cacheprovider", *own_plugin(root), "-q",
             f"--perf-baselines={empty}", f"--perf-json={out}", *pytest_args]  # fmt: skip
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(root)}
+    started = time.monotonic()
     done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, check=False)
     if not out.exists():
         tail = (done.stdout + done.stderr).strip()[-1500:]
         raise RuntimeError(f"pytest in {root} wrote no results (exit {done.returncode}): {tail}")
-    return {r["id"]: launch_of(r) for r in json.loads(out.read_text())["results"]}
+    document = json.loads(out.read_text())
+    results = document["results"]
+    default = float(document.get("min_effect") or CPU.min_effect)  # a revision from before min_effect: cpu's
+    effects = {r["id"]: float((r.get("config") or {}).get("min_effect") or default) for r in results}
+    return SideRun({r["id"]: launch_of(r) for r in results}, effects, time.monotonic() - started)
 
 
 def own_plugin(root: Path) -> list[str]:
@@ -107,41 +145,100 @@ def launch_of(result: Mapping[str, Any]) -> Launch:
     return status, values, message, why
 
 
-def compare_runs(runs: Sequence[tuple[str, Mapping[str, Launch]]], pairs: int, tolerance: float) -> list[ABResult]:
-    """Each scenario measured on both sides, judged from the runs in the order they ran."""
-    by_scenario: dict[str, dict[str, list[Launch]]] = defaultdict(lambda: {BASE: [], CANDIDATE: []})
-    for side, launches in runs:
-        for scenario_id, launch in launches.items():
-            by_scenario[scenario_id][side].append(launch)
-    results = []
-    for scenario_id, sides in sorted(by_scenario.items()):
-        queues: dict[str, Iterator[Launch]] = {side: iter(launches) for side, launches in sides.items()}
+def ab_trees(base: Path, candidate: Path, settings: Settings, scratch: Path,
+             say: Callable[[str], None] = lambda line: None) -> list[ABResult]:  # fmt: skip
+    """The sequential A/B of the selected scenarios, ``base``'s tree against ``candidate``'s: pairs
+    of whole pytest runs, the first side alternating, until every scenario has decided or the
+    pairs or the budget are spent. ``say`` gets a line per pair."""
+    trials: dict[str, Trial] = {}
+    roots = {BASE: (base, settings.args), CANDIDATE: (candidate, (*settings.args, *settings.candidate_args))}
+    started = time.monotonic()
+    for pair in range(settings.max_pairs):
+        order = (BASE, CANDIDATE) if sequential.base_first(pair) else (CANDIDATE, BASE)
+        runs = {side: run_side(roots[side][0], settings.paths, roots[side][1], scratch / f"{side}-{pair}.json")
+                for side in order}  # fmt: skip
+        for scenario_id in sorted(set(runs[BASE].launches) | set(runs[CANDIDATE].launches)):
+            trial = trials.get(scenario_id) or trials.setdefault(scenario_id, _trial(scenario_id, settings, runs))
+            for side in order:
+                if trial.open:
+                    trial.add(
+                        side, runs[side].launches.get(scenario_id, ("error", {}, f"no {side} run measured it", ""))
+                    )
+        final = settings.budget_s is not None and time.monotonic() - started >= settings.budget_s
+        for trial in trials.values():
+            trial.look(final)
+        still = sorted(scenario_id for scenario_id, trial in trials.items() if trial.open)
+        say(f"pair {pair + 1}: {' then '.join(f'{side} {runs[side].seconds:.0f} s' for side in order)}; "
+            f"{len(still)} of {len(trials)} scenario(s) still open")  # fmt: skip
+        if not still:
+            break
+    return [trials[scenario_id].result for scenario_id in sorted(trials)]
 
-        def replay(side: str, queues: dict[str, Iterator[Launch]] = queues) -> Launch:
-            return next(queues[side], ("error", {}, f"no {side} run measured it", ""))
 
-        results.append(run_ab(scenario_id, (METRIC,), replay, BASE, CANDIDATE, pairs, {METRIC: tolerance}))
-    return results
+def _trial(scenario_id: str, settings: Settings, runs: Mapping[str, SideRun]) -> Trial:
+    effect = settings.min_effect or runs[CANDIDATE].min_effects.get(scenario_id) or CPU.min_effect
+    design = sequential.Design(effect, max_pairs=settings.max_pairs)
+    return Trial(scenario_id, (METRIC,), BASE, CANDIDATE, design, {METRIC: 0.0})
 
 
 def add_parser(commands: Any) -> None:
-    parser = commands.add_parser("ab-rev", help="interleaved A/B of this checkout against a git revision")
-    parser.add_argument("rev", help="the base revision (e.g. HEAD~1, origin/main)")
+    parser = commands.add_parser("ab-rev", help="sequential, interleaved A/B of this checkout against a git revision")
+    parser.add_argument("rev", help="the base revision (e.g. HEAD~1, origin/main, $(git merge-base origin/main HEAD))")
     parser.add_argument("paths", nargs="*", default=["bench_tests"],
                         help="test paths or node ids, the same on both sides (default bench_tests)")  # fmt: skip
-    parser.add_argument("-k", dest="keyword", help="pytest -k expression: the scenarios to compare")
-    parser.add_argument("--pairs", type=at_least(2), default=3, help="base/candidate runs, alternating (default 3)")
-    parser.add_argument("--tolerance", type=probability, default=DEFAULT_TOLERANCE,
-                        help=f"relative loss that fails when significant (default {DEFAULT_TOLERANCE})")  # fmt: skip
+    add_design_options(parser)
     parser.add_argument("--json", type=Path, help="write the comparisons to this file")
+    parser.add_argument("--markdown", type=Path, metavar="FILE",
+                        help="append a Markdown table of verdicts, slowdowns and pairs spent (e.g. $GITHUB_STEP_SUMMARY)")  # fmt: skip
     parser.add_argument("--candidate-arg", action="append", default=[], metavar="ARG",
                         help="an argument for the candidate's pytest only, e.g. --candidate-arg=--perf-inject-slowdown=20 "
                         "to measure what the A/B detects (repeatable)")  # fmt: skip
 
 
+def add_design_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a sequential A/B, shared with ``bisect``."""
+    parser.add_argument("-k", dest="keyword", help="pytest -k expression: the scenarios to compare")
+    parser.add_argument("--min-effect", type=fraction, metavar="FRACTION",
+                        help="the smallest slowdown that matters, e.g. 0.02 (steps 2%% slower); default: each "
+                        "scenario's min_effect, else its profile's (0.1 on cpu, 0.02 on GPUs)")  # fmt: skip
+    parser.add_argument("--max-pairs", "--pairs", dest="max_pairs", type=at_least(2), default=sequential.MAX_PAIRS,
+                        help=f"most base/candidate pairs before a scenario is undecided (default {sequential.MAX_PAIRS})")  # fmt: skip
+    parser.add_argument("--budget", type=duration, metavar="DURATION",
+                        help="start no pair after this long, e.g. 20m (undecided where nothing decided)")  # fmt: skip
+    parser.add_argument("--tolerance", type=_gone, help=argparse.SUPPRESS)
+
+
+def fraction(text: str) -> float:
+    """A minimum effect: a slowdown fraction above 0 (``0.02``; ``2%`` is refused as ambiguous)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction, e.g. 0.02 for a 2% slowdown") from None
+    if not 0 < value < 10:
+        raise argparse.ArgumentTypeError(f"must be a slowdown fraction above 0 (0.02 = 2%), got {value}")
+    return value
+
+
+def _gone(text: str) -> float:
+    raise argparse.ArgumentTypeError(
+        "--tolerance is gone: the A/B decides against the smallest slowdown that matters, --min-effect FRACTION"
+    )
+
+
+def settings_of(ns: argparse.Namespace, extra: Sequence[str], candidate_args: Sequence[str] = ()) -> Settings:
+    args = (*(["-k", ns.keyword] if ns.keyword else []), *extra)
+    return Settings(tuple(ns.paths), args, tuple(candidate_args), ns.min_effect, ns.max_pairs, ns.budget)
+
+
 def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
-    """0: no regression; 1: a regression; 2: bad input; 3: nothing could be compared (not judged)."""
+    """0: no regression; 1: a regression; 2: bad input; 3: something was not judged (undecided,
+    unreliable, failed) or nothing was compared."""
     here = Path.cwd()
+    try:
+        settings = settings_of(ns, extra, ns.candidate_arg)
+    except ValueError as exc:
+        print(f"perfsuite ab-rev: {exc}", file=sys.stderr)
+        return BAD_INPUT
     warm.share_with_children()  # each side's launches fork from that side's parent, every pair
     with tempfile.TemporaryDirectory(prefix="perfsuite-ab-rev.") as scratch:
         base = Path(scratch) / "base"
@@ -149,22 +246,24 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
             commit = export(here, ns.rev, base)
         except (ValueError, subprocess.CalledProcessError) as exc:
             print(f"perfsuite ab-rev: cannot export {ns.rev!r}: {exc}", file=sys.stderr)
-            return 2
-        args = [*(["-k", ns.keyword] if ns.keyword else []), *extra]
-        sides = ((BASE, base, args), (CANDIDATE, here, [*args, *ns.candidate_arg]))
-        runs = []
-        for pair in range(ns.pairs):
-            for side, root, side_args in sides:
-                runs.append((side, run_side(root, ns.paths, side_args, Path(scratch) / f"{side}-{pair}.json")))
-    results = compare_runs(runs, ns.pairs, ns.tolerance)
-    print(f"perfsuite ab-rev: this checkout against {ns.rev} ({commit[:12]}), {ns.pairs} pairs")
+            return BAD_INPUT
+        print(f"perfsuite ab-rev: this checkout against {ns.rev} ({commit[:12]}), at most {settings.max_pairs} pairs",
+              flush=True)  # fmt: skip
+        results = ab_trees(base, here, settings, Path(scratch), lambda line: print(line, flush=True))
     print("\n".join(summary_lines(results)))
     if ns.json:
         ns.json.write_text(json.dumps({"base": commit, "ab": [r.to_json() for r in results]}, indent=1))
-    judged = [r for r in results if r.verdict in ("pass", "regression")]
+    if ns.markdown:
+        with ns.markdown.open("a") as out:
+            out.write("\n".join(markdown_lines(results, f"perfsuite A/B against {ns.rev} ({commit[:12]})")) + "\n")
+    return exit_status(results, "ab-rev")
+
+
+def exit_status(results: Sequence[ABResult], command: str) -> int:
     if any(r.verdict == "regression" for r in results):
-        return 1
-    if not judged:
-        print("perfsuite ab-rev: nothing was judged (not measured on both sides, or contended)", file=sys.stderr)
-        return 3
+        return REGRESSED
+    unjudged = [f"{r.id} {r.verdict}" for r in results if r.verdict not in ("pass", "skipped")]
+    if unjudged or not any(r.judged for r in results):
+        print(f"perfsuite {command}: not judged: {', '.join(unjudged) or 'nothing was compared'}", file=sys.stderr)
+        return NOT_JUDGED
     return 0

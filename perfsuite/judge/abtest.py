@@ -1,32 +1,29 @@
 """Interleaved A/B of two Python environments: is the candidate stack slower or hungrier?
 
-``--perf-ab BASE,CANDIDATE`` runs each selected scenario alternately in both
-environments (A B A B ..., fresh ranks every launch, ``--perf-repeats``
-pairs), on the same machine in the same minutes, so slow drift of the runner
-hits both sides alike. Each pair gives the candidate's per-launch mean
-relative to the base's launch next to it; a one-sided paired t-test on those
-ratios (scipy) asks whether the candidate is worse, and a t-interval gives the
-difference with its 95% confidence interval. The scenario's test fails when
-the candidate is significantly worse (p < 0.05) by more than the tolerance
-(``--perf-ab-tolerance``, default 5%) in its headline throughput or its peak
-memory. No baseline is read or written. :mod:`perfsuite.plugin.modes.ab` is the run
-mode that drives it; this module knows no pytest. Torch-free.
+``--perf-ab BASE,CANDIDATE`` runs each selected scenario alternately in both environments, fresh
+ranks every launch, on the same machine in the same minutes, so slow drift of the runner hits both
+sides alike; which side goes first alternates pair by pair. The headline metric is judged
+sequentially (:mod:`perfsuite.judge.sequential`): after each pair ``regression``, ``pass`` (no
+slowdown of the minimum effect or more), or another pair, up to ``max_pairs``, then
+``undecided``. The other metrics (peak memory) keep the fixed paired test on the pairs measured:
+the candidate fails when significantly worse (p < 0.05) by more than the metric's tolerance. No
+baseline is read or written. :mod:`perfsuite.plugin.modes.ab` is the run mode that drives it and
+``ab-rev`` the command; this module knows no pytest. Torch-free.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from perfsuite.judge import sequential
+from perfsuite.judge.sequential import Design, State
 from perfsuite.spec import metrics as registry
 from perfsuite.spec.text import table
-
-#: ``ab-rev``'s relative loss that fails when significant: the paired test removes the drift, not the
-#: noise of one run against the next (cpu launches spread 5-10% run to run on a quiet VM).
-REV_TOLERANCE = 0.10
 
 FLAG = "--perf-ab"
 ALPHA = 0.05
@@ -105,17 +102,45 @@ class Launch:
     """Why it was measured under contention ("" if it was not)."""
 
 
+@dataclass(frozen=True)
+class Headline:
+    """The sequential A/B of the headline metric (:mod:`perfsuite.judge.sequential`)."""
+
+    metric: str
+    design: Design
+    state: State
+    losses: tuple[float, ...]
+    """Each pair's loss, ``log(base / candidate)`` for a higher-is-better metric."""
+
+    def describe(self) -> str:
+        return f"{self.metric}: {self.state.describe(self.design)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "design": asdict(self.design), **asdict(self.state), "losses": self.losses}
+
+
 @dataclass
 class ABResult:
-    """A scenario's A/B: every launch in order and the comparisons."""
+    """A scenario's A/B: every launch in order, the headline's sequential verdict, the other
+    metrics' comparisons."""
 
     id: str
     base: str
     candidate: str
     launches: list[Launch] = field(default_factory=list)
+    headline: Headline | None = None
     comparisons: list[Comparison] = field(default_factory=list)
     verdict: str = "pass"
     message: str = ""
+
+    @property
+    def judged(self) -> bool:
+        """Compared on both sides and decided: pass or regression (not undecided, not failed)."""
+        return self.verdict in ("pass", "regression")
+
+    @property
+    def pairs(self) -> int:
+        return self.headline.state.pairs if self.headline else 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -124,6 +149,8 @@ class ABResult:
             "candidate": self.candidate,
             "verdict": self.verdict,
             "message": self.message,
+            "pairs": self.pairs,
+            "headline": self.headline.to_json() if self.headline else None,
             "launches": [asdict(launch) for launch in self.launches],
             "comparisons": [asdict(c) for c in self.comparisons],
         }
@@ -134,45 +161,130 @@ class ABResult:
 RunOnce = Callable[[str], tuple[str, dict[str, float], str, str]]
 
 
+class Trial:
+    """One scenario's sequential A/B as its launches arrive, pair by pair (``run_ab`` drives it
+    in one process; ``ab-rev`` feeds it from whole pytest runs)."""
+
+    def __init__(self, scenario_id: str, metrics: Sequence[str], base: str, candidate: str, design: Design,
+                 tolerances: Mapping[str, float]) -> None:  # fmt: skip
+        self.result = ABResult(scenario_id, base, candidate)
+        self.metrics, self.design, self.tolerances = tuple(metrics), design, dict(tolerances)
+        self.open = True
+
+    def add(self, env: str, launch: tuple[str, dict[str, float], str, str]) -> None:
+        """One launch in ``env``; a failed launch ends the A/B as ``error`` (``skipped`` when it
+        could not run here)."""
+        status, values, message, busy = launch
+        headline = values.get(self.metrics[0])
+        if status == "ok" and headline is not None and not headline > 0:  # a ratio needs a rate above 0
+            status, message = "error", f"measured {self.metrics[0]} = {headline}: no rate to compare"
+        pair = sum(1 for x in self.result.launches if x.env == env)
+        self.result.launches.append(Launch(env, pair, status, values, message, busy))
+        if status != "ok":
+            self.result.verdict = "skipped" if status == "skipped" else "error"
+            self.result.message = f"{env} launch {pair + 1} {status}: {message}"
+            self.open = False
+
+    def look(self, final: bool = False) -> None:
+        """After a whole pair: decide, or stay open for another (``final``: no more will come)."""
+        if not self.open:
+            return
+        pairs = self._pairs(self.metrics[0])
+        if not pairs:
+            return
+        final = final or len(pairs) >= self.design.max_pairs
+        higher = registry.get(self.metrics[0]).direction == "higher"
+        losses = tuple(sequential.loss(b, c, higher) for b, c in pairs)
+        state = sequential.assess(self.design, losses, final)
+        self.result.headline = Headline(self.metrics[0], self.design, state, losses)
+        if state.decision != "continue":
+            self.open = False
+            self._conclude()
+
+    def _pairs(self, metric: str) -> list[tuple[float, float]]:
+        sides = {env: [x.values[metric] for x in self.result.launches if x.env == env and metric in x.values]
+                 for env in (self.result.base, self.result.candidate)}  # fmt: skip
+        return list(zip(sides[self.result.base], sides[self.result.candidate], strict=True))
+
+    def _conclude(self) -> None:
+        result, headline = self.result, self.result.headline
+        assert headline is not None  # concluded by a look
+        for metric in self.metrics[1:]:
+            pairs = self._pairs(metric)
+            if len(pairs) >= 2:
+                base, candidate = zip(*pairs, strict=True)
+                result.comparisons.append(compare(metric, base, candidate, self.tolerances[metric]))
+        worse = [c for c in result.comparisons if c.outcome == "regression"]
+        decision = headline.state.decision
+        result.verdict = "regression" if worse or decision == "regression" else decision
+        said = ([headline.describe()] if decision != "pass" or not worse else []) + [c.describe() for c in worse]
+        result.message = f"{result.candidate} vs {result.base}: " + "; ".join(said)
+        crowded = "; ".join(f"{x.env} launch {x.pair + 1}: {x.contended}" for x in result.launches if x.contended)
+        if result.verdict == "regression" and crowded:
+            result.verdict = "unreliable"
+            result.message = f"measured under contention ({crowded}), so not judged a regression: {result.message}"
+
+
 def run_ab(
-    scenario_id: str, metrics: Sequence[str], run_once: RunOnce, base: str, candidate: str, pairs: int,
-    tolerances: dict[str, float],
+    scenario_id: str, metrics: Sequence[str], run_once: RunOnce, base: str, candidate: str, design: Design,
+    tolerances: Mapping[str, float], budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
 ) -> ABResult:  # fmt: skip
-    """``pairs`` x (base, candidate) launches, alternating, then the comparisons of ``metrics``.
-    A regression among launches measured under contention is ``unreliable``, not a failure."""
-    result = ABResult(scenario_id, base, candidate)
-    for pair in range(pairs):
-        for env in (base, candidate):
-            status, values, message, busy = run_once(env)
-            result.launches.append(Launch(env, pair, status, values, message, busy))
-            if status != "ok":
-                result.verdict = "skipped" if status == "skipped" else "error"
-                result.message = f"{env} launch {pair + 1} {status}: {message}"
-                return result
-    for metric in metrics:
-        got = [(launch.env, launch.values[metric]) for launch in result.launches if metric in launch.values]
-        base_values = [v for env, v in got if env == base]
-        cand_values = [v for env, v in got if env == candidate]
-        if len(base_values) == len(cand_values) == pairs:
-            result.comparisons.append(compare(metric, base_values, cand_values, tolerances[metric]))
-    worse = [c for c in result.comparisons if c.outcome == "regression"]
-    result.verdict = "regression" if worse else "pass"
-    shown = worse or result.comparisons
-    result.message = f"{candidate} vs {base}: " + "; ".join(c.describe() for c in shown)
-    crowded = "; ".join(f"{x.env} launch {x.pair + 1}: {x.contended}" for x in result.launches if x.contended)
-    if worse and crowded:
-        result.verdict = "unreliable"
-        result.message = f"measured under contention ({crowded}), so not judged a regression: {result.message}"
-    return result
+    """Pairs of (base, candidate) launches, the order alternating pair by pair, until the headline
+    metric (``metrics[0]``) decides, ``design.max_pairs`` are spent, or ``budget_s`` seconds have
+    passed (then ``undecided``); the other metrics are compared on the pairs measured. A
+    regression among launches measured under contention is ``unreliable``, not a failure."""
+    trial = Trial(scenario_id, metrics, base, candidate, design, tolerances)
+    started = clock()
+    for pair in range(design.max_pairs):
+        for env in (base, candidate) if sequential.base_first(pair) else (candidate, base):
+            trial.add(env, run_once(env))
+            if not trial.open:
+                return trial.result
+        trial.look(final=budget_s is not None and clock() - started >= budget_s)
+        if not trial.open:
+            break
+    return trial.result
 
 
 def summary_lines(results: Sequence[ABResult]) -> list[str]:
+    """The terminal table: the headline's slowdown and its pairs, then each other metric's change."""
     rows: list[tuple[str, ...]] = []
     for r in results:
+        if r.headline is not None:
+            state = r.headline.state
+            rows.append((r.id, f"{r.headline.metric} (slowdown)", f"{state.slowdown:+.1%}", _interval(state),
+                         str(state.pairs), _outcome(r, state.decision)))  # fmt: skip
         for c in r.comparisons:
-            cells = (r.id, c.metric, f"{c.change:+.1%}", f"{c.ci_low:+.1%} .. {c.ci_high:+.1%}", f"{c.p_worse:.3g}")
-            contended = r.verdict == "unreliable" and c.outcome == "regression"
-            rows.append((*cells, "unreliable (contended)" if contended else c.outcome))
-        if not r.comparisons:
+            cells = (r.id, c.metric, f"{c.change:+.1%}", f"{c.ci_low:+.1%} .. {c.ci_high:+.1%}", str(len(c.base)))
+            rows.append((*cells, _outcome(r, c.outcome)))
+        if r.headline is None:
             rows.append((r.id, "-", "-", "-", "-", f"{r.verdict}: {r.message[:60]}"))
-    return table(("scenario", "metric", "change", "95% CI", "p(worse)", "outcome"), rows)
+    return table(("scenario", "metric", "change", "interval", "pairs", "outcome"), rows)
+
+
+def markdown_lines(results: Sequence[ABResult], title: str) -> list[str]:
+    """A job summary (GitHub's ``$GITHUB_STEP_SUMMARY``): each row's verdict, slowdown with its
+    interval, the minimum effect and the pairs spent."""
+    lines = [
+        f"### {title}",
+        "",
+        "| scenario | verdict | slowdown | interval | minimum effect | pairs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if r.headline is None:
+            lines.append(f"| `{r.id}` | {r.verdict} | - | - | - | {r.message[:80]} |")
+            continue
+        state, design = r.headline.state, r.headline.design
+        lines.append(f"| `{r.id}` | {r.verdict} | {state.slowdown:+.1%} | {_interval(state)} | "
+                     f"{design.min_effect:.1%} | {state.pairs} of {design.max_pairs} |")  # fmt: skip
+    return lines
+
+
+def _interval(state: State) -> str:
+    return f"{state.low:+.1%} .. {state.high:+.1%}" if math.isfinite(state.low) else "-"
+
+
+def _outcome(result: ABResult, outcome: str) -> str:
+    contended = result.verdict == "unreliable" and outcome == "regression"
+    return "unreliable (contended)" if contended else outcome

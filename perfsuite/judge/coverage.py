@@ -40,6 +40,8 @@ UNJUDGED: Mapping[str, str] = {
     "no_baseline": "record baselines: python -m perfsuite bootstrap, or pytest ... --perf-update-baselines",
     "not_measured": "the max-batch search never trained nor ran out of memory: see its message",
     "definition_changed": "the scenario changed since its baseline: re-record it with --perf-update-baselines",
+    "undecided": "the A/B spent its pairs without deciding: allow more pairs (--perf-ab-max-pairs, ab-rev "
+    "--max-pairs), a quieter runner, or a larger minimum effect (--perf-min-effect)",
 }
 
 

@@ -24,7 +24,7 @@ from perfsuite.store.vcs import current_commit
 #: rest, how many steps are measured, and when a workflow runs it (its tier).
 NOT_DEFINING = frozenset(
     {"reference", "flops_formula", "bytes_formula", "declared", "layout", "bus_factor", "id", "group", "name",
-     "primary", "steps", "warmup_steps", "max_warmup_steps", "tier"}
+     "primary", "steps", "warmup_steps", "max_warmup_steps", "tier", "min_effect"}
 )  # fmt: skip
 
 

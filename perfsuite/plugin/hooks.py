@@ -236,6 +236,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         relations=relations,
         ceilings=ceilings,
         ranking=ranked,
+        **({"min_effect": perf.profile.min_effect} if perf else {}),
         **({"coverage": found.to_json()} if found is not None else {}),
         **mode.results_json(),
     )

@@ -26,6 +26,10 @@ class ProfileError(ValueError):
     """An unknown or invalid profile was asked for."""
 
 
+#: ``HardwareProfile.min_effect`` of the GPU profiles.
+GPU_MIN_EFFECT = 0.02
+
+
 @dataclass(frozen=True)
 class HardwareProfile:
     """Settings shared by every scenario run on one kind of hardware."""
@@ -87,6 +91,11 @@ class HardwareProfile:
     #: 1.7% / sqrt(2) = 1.2% (0.85-2.0%). None: no figure (cpu, whose timing is judged on the
     #: recording processor only; several hosts of that processor still measure their spread).
     machine_spread: float | None = PROVISIONAL_GPU_MACHINE_SPREAD
+    #: The smallest slowdown that matters here (0.02: steps 2% slower): what the sequential A/B
+    #: (``--perf-ab``, ``ab-rev``, ``bisect``) decides regression or pass against. A scenario's
+    #: ``min_effect`` and ``--perf-min-effect`` override it. GPUs: an interleaved pair on one card
+    #: spreads 0.3-0.6% launch to launch, so 2% is about 3 sigma of one pair (docs/trust.md).
+    min_effect: float = GPU_MIN_EFFECT
     #: Warmup ends once the last 3 step times spread less than this (relative).
     steady_threshold: float = 0.05
     #: MiB of the reference workload each rank times after every measured step
@@ -128,6 +137,9 @@ class HardwareProfile:
                 f"profile {self.name!r}: rank_start must be one of {', '.join(get_args(RankStart))}, "
                 f"not {self.rank_start!r}"
             )
+        if not 0 < self.min_effect < 10:
+            raise ProfileError(f"profile {self.name!r}: min_effect must be a slowdown fraction above 0 (0.02 = 2%), "
+                               f"got {self.min_effect!r}")  # fmt: skip
         unknown = sorted(set(self.tolerances) - {m.name for m in METRICS})
         if unknown:
             raise ProfileError(f"profile {self.name!r}: unknown tolerance metrics {unknown}")
@@ -193,6 +205,8 @@ CPU = HardwareProfile(
     # notes, launch overhead).
     rank_memory_budget_mib=675,
     calibration_floor=None,
+    # A 2-core VM's launches spread 3% (the ab-rev trials' pairs): 10% is about 2 sigma of a pair.
+    min_effect=0.10,
     description="any machine without a GPU: gloo, tiny shapes, 2 ranks, 675 MiB per rank",
 )
 CUDA_32GB = HardwareProfile(

@@ -1,9 +1,11 @@
-"""``python -m perfsuite selftest --simulate``: the printed rates, the trials beside them, and each
-committed row's smallest detectable slowdown."""
+"""``python -m perfsuite selftest --simulate``: the printed rates of the stored-baseline gate and of
+the sequential A/B, the trials beside them, and each committed row's A/B figures and smallest
+detectable slowdown."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -11,15 +13,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import NDArray
 
-from perfsuite.judge.abtest import REV_TOLERANCE as AB_REV_TOLERANCE
+from perfsuite.judge import sequential
+from perfsuite.judge.sequential import Design
 from perfsuite.judge.simulate import model, realgate, trials
-from perfsuite.judge.simulate.noise import PROFILES, ProfileNoise, Row, noise_of, primary_of, row_of, typical_row
-from perfsuite.judge.simulate.rates import Rate, detectable, rate
+from perfsuite.judge.simulate.noise import (
+    PROFILES,
+    ProfileNoise,
+    Row,
+    min_effect_of,
+    noise_of,
+    primary_of,
+    row_of,
+    typical_row,
+)
+from perfsuite.judge.simulate.rates import Rate, ab_detectable, detectable, rate, share
 from perfsuite.spec.profiles import CPU, HardwareProfile, gpu_profile
 from perfsuite.store.baselines import BaselineError, BaselineStore
 
 LEVELS = (0.0, 3.0, 5.0, 10.0)
+#: The minimum effect whose cost the typical row also shows (issue 47: what would 1% take?)...
+FINE_EFFECT = 0.01
+#: ...at the chosen most pairs and at this many, enough for it to decide on the H100's typical row...
+FINE_PAIRS = 20
+#: ...from at most this many A/Bs a level (+-0.4 percentage point at 90%; 20 pairs cost 2.5x 8).
+FINE_DRAWS = 20_000
+#: Modelled A/Bs a level of each committed row (and of its smallest detectable slowdown's search):
+#: +-0.5 percentage point at 90%, and the 65 cpu and H100 rows in seconds.
+ROW_DRAWS = 4000
 
 
 @dataclass(frozen=True)
@@ -28,10 +50,13 @@ class Options:
     baselines: Path = Path("baselines")
     levels: tuple[float, ...] = LEVELS
     draws: int = 100_000
-    pairs: tuple[int, ...] = (3, 10)
+    max_pairs: int = sequential.MAX_PAIRS
+    """The sequential A/B's most pairs (``ab-rev --max-pairs``)."""
     seed: int = 0
     check: int = 1000
-    """Draws a level that also go through the gate's own judging code."""
+    """Draws a level that also go through the gate's own judging code, and the A/B's."""
+    row_draws: int = ROW_DRAWS
+    """Modelled A/Bs a level of each committed row."""
     histories: int = 20_000
     """Simulated histories of the committed trials."""
     observed: tuple[trials.Trials, ...] = trials.COMMITTED
@@ -39,10 +64,10 @@ class Options:
 
 def options(ns: argparse.Namespace) -> Options:
     chosen = tuple(name for given in ns.profile or () for name in given.split(",")) or tuple(PROFILES)
-    pairs = tuple(int(p) for p in ns.pairs)
-    if min(pairs) < 2 or any(p != int(p) for p in ns.pairs):
-        raise ValueError(f"--pairs takes whole numbers of 2 or more (a paired test needs 2), got {ns.pairs}")
-    return Options(chosen, ns.baselines, ns.levels or LEVELS, ns.draws, pairs, ns.seed, min(1000, ns.draws))
+    max_pairs = ns.max_pairs or sequential.MAX_PAIRS
+    Design(FINE_EFFECT, max_pairs=max_pairs)  # its ValueError names the limits
+    return Options(chosen, ns.baselines, ns.levels or LEVELS, ns.draws, max_pairs, ns.seed, min(1000, ns.draws),
+                   min(ROW_DRAWS, ns.draws))  # fmt: skip
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -63,7 +88,8 @@ def run(ns: argparse.Namespace) -> int:
 def report(chosen: Options) -> Iterator[str]:
     yield (
         f"perfsuite selftest --simulate: {chosen.draws:,} modelled runs a level, the first {chosen.check:,} also judged "
-        "by the gate's own code (judging.judge, the session's confirmation, abtest.compare); 95% Wilson intervals"
+        "by the gate's own code (judging.judge, the session's confirmation) or the A/B's (abtest.run_ab); "
+        "95% Wilson intervals"
     )
     for name in chosen.profiles:
         noise = noise_of(name)
@@ -71,6 +97,7 @@ def report(chosen: Options) -> Iterator[str]:
         yield ""
         yield from components(noise, profile)
         yield from levels_table(noise, profile, chosen)
+        yield from ab_tables(noise, profile, chosen)
         yield from observed(noise, profile, chosen)
         yield from detectable_table(noise, profile, chosen)
 
@@ -98,21 +125,68 @@ def levels_table(noise: ProfileNoise, profile: HardwareProfile, chosen: Options)
     row, rules = typical_row(noise, profile), model.Rules.of(profile)
     rng = np.random.default_rng(chosen.seed)
     gate = model.gate_draws(row, rules, rng, chosen.draws)
-    pairs = chosen.pairs[0]
-    paired = model.pair_draws(row, pairs, rng, chosen.draws)
     yield (
         f"  a typical row: {row.steps} steps a launch, baseline of {row.baseline_launches} launch(es), tolerance "
-        f"{row.tolerance:.1%}; ab-rev {pairs} pairs at its tolerance {AB_REV_TOLERANCE:.0%}"
+        f"{row.tolerance:.1%}"
     )
-    yield f"  {'slowdown':>8}  {'throughput':>10}  {'gate fails':<26}{'gate, own code':<30}ab-rev fails"
+    yield f"  {'slowdown':>8}  {'throughput':>10}  {'gate fails':<26}gate, own code"
     for level in chosen.levels:
         s = level / 100
         modelled = model.gate_verdicts(gate, row, rules, s) == model.REGRESSION
         real = realgate.gate_verdicts(gate, row, profile, rules.confirm, s, chosen.check) == model.REGRESSION
         agree = "agrees" if rate(real).overlaps(rate(modelled)) else "DISAGREES"
-        own = f"{rate(real).show()} {agree}"
-        ab = rate(model.ab_verdicts(paired, AB_REV_TOLERANCE, s)).show()
-        yield f"  {level:>7g}%  {pct(-s / (1 + s)):>10}  {rate(modelled).show():<26}{own:<30}{ab}"
+        yield f"  {level:>7g}%  {pct(-s / (1 + s)):>10}  {rate(modelled).show():<26}{rate(real).show()} {agree}"
+
+
+def ab_tables(noise: ProfileNoise, profile: HardwareProfile, chosen: Options) -> Iterator[str]:
+    """The sequential A/B of the typical row at the profile's minimum effect (checked against
+    ``abtest.run_ab``), then what a 1% minimum effect costs, at the chosen most pairs and more."""
+    row = typical_row(noise, profile)
+    first = Design(profile.min_effect, max_pairs=chosen.max_pairs)
+    yield (
+        f"  sequential A/B (ab-rev, --perf-ab) of the typical row, a pair's loss spreading "
+        f"{math.sqrt(2) * row.launch_mean_cv:.2%}: alpha {first.alpha:.0%}, beta {first.beta:.0%}, "
+        f"first look at {first.first_look} pairs; {chosen.draws:,} A/Bs a level"
+    )
+    rng = np.random.default_rng(chosen.seed)
+    yield from ab_block(row, first, "the profile's", rng, chosen.draws, chosen.check)
+    fine = min(chosen.draws, FINE_DRAWS)
+    for most in sorted({chosen.max_pairs, max(chosen.max_pairs, FINE_PAIRS)}):
+        note = f"what 1% costs; {fine:,} A/Bs a level"
+        yield from ab_block(row, Design(FINE_EFFECT, max_pairs=most), note, rng, fine, 0)
+
+
+def ab_block(row: Row, design: Design, note: str, rng: np.random.Generator, draws: int, check: int) -> Iterator[str]:
+    """One design on one row at 0%, half the minimum effect and the minimum effect: P(regression),
+    P(undecided) and the pairs spent; the first ``check`` draws also through ``abtest.run_ab``."""
+    paired = model.pair_draws(row, design.max_pairs, rng, draws)
+    yield f"    minimum effect {share(design.min_effect)} ({note}), at most {design.max_pairs} pairs:"
+    own = "abtest.run_ab, draw for draw" if check else ""
+    yield f"      {'slowdown':>8}  {'throughput':>10}  {'regression':<26}{'undecided':<26}{'pairs: mean  p95':>16}  {own}".rstrip()
+    for s in ab_levels(design):
+        codes, spent = model.sequential_verdicts(paired, design, s)
+        caught, undecided = rate(codes == sequential.REGRESSION), rate(codes == sequential.UNDECIDED)
+        line = (
+            f"      {share(s):>8}  {pct(-s / (1 + s)):>10}  {caught.show():<26}{undecided.show():<26}"
+            f"{spent.mean():>11.2f}  {np.percentile(spent, 95):>3.0f}  {own_code(paired, design, s, codes, spent, check)}"
+        )
+        yield line.rstrip()
+
+
+def own_code(paired: model.PairDraws, design: Design, slowdown: float, codes: NDArray[np.int64],
+             spent: NDArray[np.int64], check: int) -> str:  # fmt: skip
+    """Whether the first ``check`` draws, each a whole ``abtest.run_ab``, end as the vectorised
+    model says: the same verdict after the same number of pairs ("" when none are checked)."""
+    if not check:
+        return ""
+    real, real_spent = realgate.sequential_verdicts(paired, design, slowdown, check)
+    differ = int(np.count_nonzero((real != codes[:check]) | (real_spent != spent[:check])))
+    return f"DIFFERS in {differ} of {check:,}" if differ else f"same verdict and pairs in {check:,} of {check:,}"
+
+
+def ab_levels(design: Design) -> tuple[float, float, float]:
+    """The slowdowns an A/B design is shown at: none, half its minimum effect, its minimum effect."""
+    return 0.0, design.min_effect / 2, design.min_effect
 
 
 def rows_for(noise: ProfileNoise, profile: HardwareProfile, baselines: Path) -> Callable[[trials.Trials], Row]:
@@ -136,18 +210,21 @@ def observed(noise: ProfileNoise, profile: HardwareProfile, chosen: Options) -> 
         return
     rows = rows_for(noise, profile, chosen.baselines)
     found = trials.simulate(mine, rows, model.Rules.of(profile), chosen.histories, chosen.seed)
-    yield f"  committed trials against the model ({chosen.histories:,} simulated histories; each row's own baseline):"
+    yield (
+        f"  committed trials against the model ({chosen.histories:,} simulated histories; each row's own baseline; "
+        "ab: the fixed-n A/B those trials ran, not the sequential one):"
+    )
     for s in found:
         t = s.trials
-        what = f"{t.mode} {t.scenario} " + (f"({t.pairs} pairs)" if t.mode == "ab" else f"[{t.session}]")
+        what = f"{t.mode} {t.scenario} " + (f"(fixed, {t.pairs} pairs)" if t.mode == "ab" else f"[{t.session}]")
         side = ">=" if t.failed >= s.failed.mean() else "<="
         tail = s.tail()
         yield (
             f"    {what:<46}{t.level:>4.0%}: {t.failed}/{t.trials} failed; model {s.failed.mean() / t.trials:6.1%} a "
             f"trial, P({side}{t.failed} of {t.trials}) = {probability(tail, chosen.histories)}: {verdict(tail)}"
         )
-    for mode in ("gate", "ab"):
-        yield from pooled_false_alarms(mode, [s for s in found if s.trials.mode == mode], chosen.histories)
+    for mode, label in (("gate", "gate"), ("ab", "fixed-n ab")):
+        yield from pooled_false_alarms(label, [s for s in found if s.trials.mode == mode], chosen.histories)
 
 
 def probability(tail: float, histories: int) -> str:
@@ -179,10 +256,11 @@ def show(slowdown: float | None) -> str:
     """A slowdown and the throughput drop it makes, or why there is none."""
     if slowdown is None:
         return "not caught"
-    return f"{slowdown:.0%} ({pct(-slowdown / (1 + slowdown))})"
+    return f"{share(slowdown)} ({pct(-slowdown / (1 + slowdown))})"
 
 
-def committed_rows(noise: ProfileNoise, profile: HardwareProfile, baselines: Path) -> Iterator[tuple[str, Row]]:
+def committed_rows(noise: ProfileNoise, profile: HardwareProfile, baselines: Path) -> Iterator[tuple[str, Row, float]]:
+    """Each committed row judged by its primary metric, with its minimum effect."""
     folder = baselines / noise.profile
     store = BaselineStore(baselines, noise.profile)
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
@@ -193,7 +271,7 @@ def committed_rows(noise: ProfileNoise, profile: HardwareProfile, baselines: Pat
         for scenario, entry in sorted(entries.items()):
             metric = primary_of(entry)
             if entry.expected == "ok" and metric and float(entry.metrics[metric].get("mean") or 0):
-                yield scenario, row_of(entry, metric, profile, noise)
+                yield scenario, row_of(entry, metric, profile, noise), min_effect_of(entry, profile)[0]
 
 
 def detectable_table(noise: ProfileNoise, profile: HardwareProfile, chosen: Options) -> Iterator[str]:
@@ -202,14 +280,28 @@ def detectable_table(noise: ProfileNoise, profile: HardwareProfile, chosen: Opti
         yield f"  no committed baselines under {chosen.baselines / noise.profile}"
         return
     rules = model.Rules.of(profile)
-    head = "".join(f"{f'ab-rev {p} pairs':<20}" for p in chosen.pairs)
-    yield f"  smallest slowdown caught 9 times in 10 (throughput change), each row from {chosen.baselines / noise.profile}:"
-    yield f"    {'scenario':<42}{'step CV':>8}{'launch':>8}{'tol':>7}  {'gate':<20}{head}"
-    for scenario, row in rows:
-        ab = "".join(f"{show(detectable(row, rules, p)):<20}" for p in chosen.pairs)
+    yield (
+        f"  each row from {chosen.baselines / noise.profile}: the sequential A/B at most {chosen.max_pairs} pairs "
+        f"({chosen.row_draws:,} A/Bs a level) against m, the row's own minimum effect else the profile's, at 0, m/2 "
+        "and m; the smallest slowdown caught 9 times in 10 (throughput change)"
+    )
+    yield (
+        f"    {'scenario':<40}{'step CV':>8}{'launch':>8}{'tol':>7}{'m':>6}{'regression at 0, m/2, m':>25}"
+        f"{'undecided at 0, m/2, m':>25}{'mean pairs':>16}{'p95':>10}  {'gate':<16}  A/B, mean pairs"
+    )
+    for scenario, row, effect in rows:
+        design = Design(effect, max_pairs=chosen.max_pairs)
+        paired = model.pair_draws(row, design.max_pairs, np.random.default_rng(chosen.seed), chosen.row_draws)
+        found = [model.sequential_verdicts(paired, design, s) for s in ab_levels(design)]
+        caught = "".join(f"{np.mean(codes == sequential.REGRESSION):>8.1%}" for codes, _ in found)
+        open_ = "".join(f"{np.mean(codes == sequential.UNDECIDED):>8.1%}" for codes, _ in found)
+        mean = "".join(f"{spent.mean():>5.1f}" for _, spent in found)
+        p95 = "".join(f"{np.percentile(spent, 95):>3.0f}" for _, spent in found)
+        ab = ab_detectable(row, design, chosen.row_draws, chosen.seed)
+        said = f"{show(ab.slowdown)}, {ab.mean_pairs:.1f}" if ab is not None else show(None)
         yield (
-            f"    {scenario:<42}{row.step_cv:8.1%}{row.launch_cv:8.2%}{row.tolerance:7.1%}  "
-            f"{show(detectable(row, rules)):<20}{ab}"
+            f"    {scenario:<40}{row.step_cv:8.1%}{row.launch_cv:8.2%}{row.tolerance:7.1%}{share(effect):>6}"
+            f" {caught} {open_} {mean} {p95}  {show(detectable(row, rules)):<16}  {said}"
         )
 
 

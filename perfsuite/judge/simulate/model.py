@@ -1,4 +1,5 @@
-"""The vectorised model: many draws of one row, judged by the gate's rules in numpy.
+"""The vectorised model: many draws of one row, judged by the gate's rules in numpy, and by the
+sequential A/B's own vectorised decision (``sequential.decide``).
 
 A launch's per-step rates are normal around the launch's level, which is the true value times
 (1 + the session's offset) times (1 + the launch's offset), over (1 + the planted slowdown). Its
@@ -6,7 +7,8 @@ mean and standard deviation are drawn directly (a normal mean and a chi-square s
 what ``Summary.of`` of its steps would give). The stored baseline pools its launches as
 ``stats.pool`` does. A run is one launch; each confirmation is a fresh launch in the run's session,
 so it shares that session's offset. The A/B pairs launches within one session, whose offset then
-cancels in each pair's ratio. Contention, throttling and processor changes are not modelled.
+cancels in each pair's ratio, so a pair is two fresh launch means. Contention, throttling and
+processor changes are not modelled.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from scipy.special import stdtr
 from perfsuite.judge.abtest import ALPHA as AB_ALPHA
 from perfsuite.judge.compare import ALPHA
 from perfsuite.judge.judging import SPREAD_GROWTH_FLOOR
+from perfsuite.judge.sequential import Design, decide
 from perfsuite.judge.simulate.noise import Row
 from perfsuite.spec.profiles import HardwareProfile
 
@@ -152,12 +155,13 @@ def final_delta(draws: GateDraws, row: Row, rules: Rules, slowdown: float) -> Ar
 
 @dataclass(frozen=True)
 class PairDraws:
-    """``size`` A/B trials of ``pairs`` pairs: each launch's value (shape size x pairs)."""
+    """``size`` A/Bs of ``pairs`` pairs: each launch's value (shape size x pairs), base and candidate."""
 
     base: Array
     candidate: Array
 
     def at(self, slowdown: float) -> tuple[Array, Array]:
+        """The pairs with ``slowdown`` planted: the candidate's throughput over (1 + slowdown)."""
         return self.base, self.candidate / (1 + slowdown)
 
 
@@ -167,8 +171,28 @@ def pair_draws(row: Row, pairs: int, rng: np.random.Generator, size: int) -> Pai
     return PairDraws(one, other)
 
 
-def ab_verdicts(draws: PairDraws, tolerance: float, slowdown: float) -> NDArray[np.bool_]:
-    """``abtest.compare`` on throughput, trial by trial: a significant loss beyond the tolerance."""
+def sequential_verdicts(
+    draws: PairDraws, design: Design, slowdown: float
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The sequential A/B of each draw with ``slowdown`` planted: its decision code
+    (``sequential.DECISIONS``) and the pairs it spent. The A/B's own ``decide`` on the losses
+    ``log(base / candidate)``, which is ``log(base / candidate) + log(1 + slowdown)`` of the
+    unslowed draw, computed as ``Trial.look`` computes them so the real code agrees draw for draw."""
+    if draws.base.shape[1] != design.max_pairs:
+        raise ValueError(f"need draws of {design.max_pairs} pairs (the design's most), got {draws.base.shape[1]}")
+    base, candidate = draws.at(slowdown)
+    return decide(design, np.log(base / candidate))
+
+
+#: The fixed-n ``ab-rev`` that the committed ``ab`` trials ran, before the A/B became sequential:
+#: 3 pairs (``--pairs``), a one-sided paired t-test, a regression where it was significant
+#: (p < 0.05) and the candidate lost more than this. Only those historical trials are judged so.
+FIXED_AB_REV_TOLERANCE = 0.10
+
+
+def fixed_ab_verdicts(draws: PairDraws, tolerance: float, slowdown: float) -> NDArray[np.bool_]:
+    """The old fixed-n A/B's rule (``abtest.compare`` on throughput over all the pairs), trial by
+    trial: a significant loss beyond ``tolerance``. Kept for the committed trials that ran it."""
     base, candidate = draws.at(slowdown)
     ratios = candidate / base - 1
     pairs = ratios.shape[1]

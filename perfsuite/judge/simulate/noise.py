@@ -167,3 +167,15 @@ def row_of(baseline: BaselineEntry, metric: str, profile: HardwareProfile, noise
     step = math.sqrt(max(0.0, pooled**2 - launch**2 * (launches - 1) / launches)) if launches > 1 else pooled
     tolerances = resolve_tolerances(profile.default_tolerances([metric]), {}, baseline)
     return Row(step, launch, noise.session_cv.value, steps, launches, tolerances.get(metric, 0.0))
+
+
+def min_effect_of(baseline: BaselineEntry | None, profile: HardwareProfile) -> tuple[float, str]:
+    """The minimum effect a row's A/B decides against, and whose it is: the scenario's own where its
+    baseline records one (at its top level or in its config), else the profile's. Baselines written
+    so far do not record it (it is not part of the definition), so most rows get the profile's."""
+    extra: Mapping[str, Any] = baseline.extra if baseline is not None else {}
+    for where in (extra, extra.get("config"), extra.get("definition")):
+        value = where.get("min_effect") if isinstance(where, Mapping) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 10:
+            return float(value), "the scenario's"
+    return profile.min_effect, "the profile's"

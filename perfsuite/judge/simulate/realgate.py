@@ -1,6 +1,7 @@
 """The same draws judged by the gate's own code: ``judging.judge`` on the objects a session builds,
-then the session's confirmation loop, and ``abtest.compare`` for the A/B. Slow (a scipy test per
-call), so only a few thousand draws come here, to check the vectorised model."""
+then the session's confirmation loop; the sequential A/B's: ``abtest.run_ab`` replaying each draw's
+launches pair by pair; and ``abtest.compare`` for the old fixed-n A/B of the committed trials. Slow
+(a scipy test per call), so only a few thousand draws come here, to check the vectorised model."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from perfsuite.judge.abtest import RunOnce, run_ab
 from perfsuite.judge.abtest import compare as ab_compare
 from perfsuite.judge.compare import Judgement, check_metric
 from perfsuite.judge.judging import judge
 from perfsuite.judge.results import Measurement
+from perfsuite.judge.sequential import DECISIONS, Design
 from perfsuite.judge.simulate.model import PASS, REGRESSION, UNRELIABLE, GateDraws, PairDraws, Summaries
 from perfsuite.judge.simulate.noise import Row
 from perfsuite.judge.stats import ScenarioMetrics, Summary
@@ -73,8 +76,32 @@ def gate_verdicts(
     return np.array(found, dtype=np.int64)
 
 
-def ab_verdicts(draws: PairDraws, tolerance: float, slowdown: float, count: int) -> NDArray[np.bool_]:
-    """The first ``count`` A/B trials, each judged by ``abtest.compare``."""
+def fixed_ab_verdicts(draws: PairDraws, tolerance: float, slowdown: float, count: int) -> NDArray[np.bool_]:
+    """The first ``count`` A/B trials of the old fixed-n design, each judged by ``abtest.compare``."""
     base, candidate = draws.at(slowdown)
     outcomes = [ab_compare(METRIC, list(base[i]), list(candidate[i]), tolerance).outcome for i in range(count)]
     return np.array([o == "regression" for o in outcomes])
+
+
+def replay(base: Sequence[float], candidate: Sequence[float]) -> RunOnce:
+    """A ``run_once`` that hands each side its next drawn launch, in whatever order ``run_ab`` asks."""
+    queues = {"base": iter(base), "candidate": iter(candidate)}
+
+    def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
+        return "ok", {METRIC: float(next(queues[env]))}, "", ""
+
+    return run_once
+
+
+def sequential_verdicts(
+    draws: PairDraws, design: Design, slowdown: float, count: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The first ``count`` draws, each a whole ``abtest.run_ab`` (its ``Trial`` looking after every
+    pair) on that draw's launches: the decision code (``sequential.DECISIONS``) and pairs spent."""
+    base, candidate = draws.at(slowdown)
+    codes, spent = [], []
+    for i in range(count):
+        found = run_ab(SCENARIO.id, (METRIC,), replay(base[i], candidate[i]), "base", "candidate", design, {})
+        codes.append(DECISIONS.index(found.verdict))  # raises on any other verdict (error, unreliable)
+        spent.append(found.pairs)
+    return np.array(codes, dtype=np.int64), np.array(spent, dtype=np.int64)

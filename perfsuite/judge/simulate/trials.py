@@ -4,6 +4,10 @@ Whole histories are simulated: each session draws one offset that every trial an
 recorded in it shares (a card or VM state hits every row measured that day), each baseline is drawn
 once, then every trial. What the trials saw is then a tail probability of the model: the count of
 failures, and at 0% the worst drop any trial read. A tail under 5% rejects the model.
+
+The ``ab`` trials ran the A/B of their day, a fixed number of pairs judged by a paired t-test
+against a tolerance, so they are modelled by that rule (``model.fixed_ab_verdicts``), not by the
+sequential A/B that replaced it.
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ class Trials:
     source: str
     mode: Literal["gate", "ab"] = "gate"
     pairs: int = 0
+    """``ab``: the fixed number of pairs the old A/B ran."""
     ab_tolerance: float = 0.0
+    """``ab``: the old A/B's tolerance (a significant loss beyond it failed)."""
     worst: float | None = None
     """The most negative change a 0% trial read, where it was kept."""
 
@@ -81,7 +87,7 @@ COMMITTED: tuple[Trials, ...] = (
     ),
     *_levels("cpu", "mixed_precision.fp32", "cpu-trust-2", "cpu-recording", CPU_TRUST, [(0, 10, 0)]),
     *_ab("mixed_precision.fp32", 4, 0.05, CPU_AB, [(0, 10, 0), (10, 10, 5), (20, 10, 10)]),
-    *_ab("mixed_precision.amp", 3, 0.10, CPU_AB_REV, [(0, 10, 0), (20, 10, 10)], worst=-0.030),
+    *_ab("mixed_precision.amp", 3, model.FIXED_AB_REV_TOLERANCE, CPU_AB_REV, [(0, 10, 0), (20, 10, 10)], worst=-0.030),
     # The first session recorded the copy's and BERT fine-tuning's baselines; the fourth the T5 layer's.
     *_levels(H100, "microbench.device_copy", "h100-1", "h100-1", H100_S1, DETECTION, worst=0.00046),
     *_levels(H100, "microbench.device_copy", "h100-3", "h100-1", H100_S3, DETECTION),
@@ -119,7 +125,7 @@ def simulate(trials: Sequence[Trials], rows: Callable[[Trials], Row], rules: mod
         row = rows(t)
         if t.mode == "ab":
             paired = model.pair_draws(row, t.pairs, rng, histories * t.trials)
-            hits = model.ab_verdicts(paired, t.ab_tolerance, t.level).reshape(histories, t.trials)
+            hits = model.fixed_ab_verdicts(paired, t.ab_tolerance, t.level).reshape(histories, t.trials)
             before, after = paired.at(t.level)
             change = (after / before - 1).mean(axis=1).reshape(histories, t.trials)
             found.append(Simulated(t, hits.sum(axis=1), change.min(axis=1)))

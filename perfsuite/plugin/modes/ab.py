@@ -1,26 +1,32 @@
 """``--perf-ab BASE,CANDIDATE``: instead of judging against baselines, run each scenario
-alternately in two environments and test whether the candidate is worse
-(the statistics are :mod:`perfsuite.judge.abtest`)."""
+alternately in two environments, pair by pair until the sequential A/B decides whether the
+candidate is slower by the minimum effect (the statistics are :mod:`perfsuite.judge.abtest`
+and :mod:`perfsuite.judge.sequential`)."""
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from perfsuite.judge import sequential
 from perfsuite.judge.abtest import FLAG, ABResult, run_ab, summary_lines
 from perfsuite.judge.compare import resolve_tolerances
 from perfsuite.judge.coverage import Outcome
 from perfsuite.launch.envs import EnvError, parse_ab, parse_envs
 from perfsuite.plugin import exitstatus
 from perfsuite.plugin.modes.base import Mode, say_nothing_measured
-from perfsuite.spec.profiles import HardwareProfile
+from perfsuite.spec.profiles import CPU, GPU_MIN_EFFECT, HardwareProfile
 from perfsuite.spec.workloads.base import BaseScenario
 
 if TYPE_CHECKING:
     from perfsuite.gate.session import PerfSession
+
+
+MIN_EFFECT_FLAG = "--perf-min-effect"
 
 
 class ABMode(Mode):
@@ -43,15 +49,33 @@ class ABMode(Mode):
             FLAG,
             metavar="BASE,CANDIDATE",
             help="interleaved A/B of two environments ('current' is this interpreter): each scenario runs "
-            "A B A B ... for --perf-repeats pairs and fails if the candidate is significantly worse; no baselines",
+            "pairs A B, B A, ... until the sequential test says regression or pass (no slowdown of the minimum "
+            "effect) or --perf-ab-max-pairs are spent (undecided: not judged); no baselines",
         )
         group.addoption(
-            "--perf-ab-tolerance",
+            MIN_EFFECT_FLAG,
             metavar="FRACTION",
             type=float,
-            default=0.05,
-            help="A/B: worse by more than this (relative) and significant is a regression (default 0.05)",
+            default=None,
+            help="the smallest slowdown that matters, e.g. 0.02 (steps 2%% slower); the A/B's regression/pass "
+            "decision is judged against it (default: the scenario's min_effect, else the profile's: "
+            f"{CPU.min_effect:g} on cpu, {GPU_MIN_EFFECT:g} on GPUs)",
         )
+        group.addoption(
+            "--perf-ab-max-pairs",
+            metavar="N",
+            type=int,
+            default=sequential.MAX_PAIRS,
+            help=f"A/B: most pairs per scenario before it is undecided (default {sequential.MAX_PAIRS})",
+        )
+        group.addoption(
+            "--perf-ab-budget",
+            metavar="SECONDS",
+            type=float,
+            default=None,
+            help="A/B: no new pair after this many seconds on one scenario (undecided if none decided)",
+        )
+        group.addoption("--perf-ab-tolerance", metavar="FRACTION", type=float, default=None, help=argparse.SUPPRESS)
         group.addoption(
             "--perf-ab-inject-slowdown",
             metavar="PCT",
@@ -69,10 +93,22 @@ class ABMode(Mode):
         if not cls.selected(config):
             return
         super().check_options(config)
-        if config.getoption("--perf-repeats") < 3:
-            raise pytest.UsageError(f"{FLAG} needs --perf-repeats N with N >= 3 pairs for its paired test")
-        if not 0 <= config.getoption("--perf-ab-tolerance") < 1:
-            raise pytest.UsageError("--perf-ab-tolerance must be in [0, 1)")
+        if config.getoption("--perf-ab-tolerance") is not None:
+            raise pytest.UsageError(
+                f"--perf-ab-tolerance is gone: the A/B judges the headline against the smallest slowdown that "
+                f"matters, {MIN_EFFECT_FLAG} FRACTION (e.g. 0.05), and peak memory against its tolerance"
+            )
+        effect = config.getoption(MIN_EFFECT_FLAG)
+        if effect is not None and not 0 < effect < 10:  # nan passes no comparison
+            raise pytest.UsageError(f"{MIN_EFFECT_FLAG} takes a slowdown fraction above 0 (0.02 = 2%), got {effect}")
+        pairs = config.getoption("--perf-ab-max-pairs")
+        if not sequential.FIRST_LOOK <= pairs <= sequential.MOST_PAIRS:
+            raise pytest.UsageError(
+                f"--perf-ab-max-pairs takes {sequential.FIRST_LOOK} to {sequential.MOST_PAIRS} pairs, got {pairs}"
+            )
+        budget = config.getoption("--perf-ab-budget")
+        if budget is not None and not (math.isfinite(budget) and budget > 0):
+            raise pytest.UsageError(f"--perf-ab-budget must be a positive number of seconds, got {budget}")
         slowdown = config.getoption("--perf-ab-inject-slowdown")
         if not (math.isfinite(slowdown) and slowdown >= 0):  # nan passes no comparison
             raise pytest.UsageError(f"--perf-ab-inject-slowdown must be a non-negative percentage, got {slowdown}")
@@ -82,19 +118,19 @@ class ABMode(Mode):
         if skip:
             pytest.skip(f"{scenario.id}: {skip}")
         slowdown = self.config.getoption("--perf-ab-inject-slowdown")
-        tolerance = self.config.getoption("--perf-ab-tolerance")
-        tolerances = gated(resolved.primary, compared(resolved), resolved.tolerances, session.profile, tolerance)
+        tolerances = gated(resolved.primary, compared(resolved), resolved.tolerances, session.profile)
 
         def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
             return session.launch_once(resolved, env, slowdown if env == self.candidate else 0.0)
 
-        pairs = self.config.getoption("--perf-repeats")
-        result = run_ab(resolved.id, list(tolerances), run_once, self.base, self.candidate, pairs, tolerances)
+        plan = design(self.config, resolved.min_effect or session.profile.min_effect)
+        budget = self.config.getoption("--perf-ab-budget")
+        result = run_ab(resolved.id, list(tolerances), run_once, self.base, self.candidate, plan, tolerances, budget)
         self.results.append(result)
         if result.verdict == "skipped":
             pytest.skip(f"{scenario.id}: {result.message}")
-        if result.verdict == "unreliable":  # as the gate does: neither green nor a false alarm
-            pytest.skip(f"{scenario.id}: A/B unreliable: {result.message}")
+        if result.verdict in ("unreliable", "undecided"):  # as the gate does: neither green nor a false alarm
+            pytest.skip(f"{scenario.id}: A/B {result.verdict}: {result.message}")
         if result.verdict in ("regression", "error"):
             pytest.fail(f"{scenario.id}: A/B {result.verdict}: {result.message}", pytrace=False)
         return result
@@ -111,7 +147,7 @@ class ABMode(Mode):
         say_nothing_measured(terminalreporter, self.nothing_measured(session))
 
     def nothing_measured(self, session: PerfSession | None) -> str:
-        if any(r.comparisons for r in self.results):
+        if any(r.headline for r in self.results):
             return ""
         return f"{FLAG}: no scenario was compared in both environments, so this A/B proves nothing and exits non-zero"
 
@@ -126,15 +162,21 @@ def compared(scenario: BaseScenario) -> list[str]:
     return [name for name in scenario.metrics if name not in picked]
 
 
-def gated(
-    primary: str, metrics: Sequence[str], own: Mapping[str, float], profile: HardwareProfile, tolerance: float
-) -> dict[str, float]:
+def gated(primary: str, metrics: Sequence[str], own: Mapping[str, float], profile: HardwareProfile) -> dict[str, float]:
     """The metrics an A/B compares, headline first, with their tolerances: what the gate would gate
-    (the registry's defaults for this device, then the profile's and the scenario's ``own``), and
-    ``tolerance`` (``--perf-ab-tolerance``) for the headline metric. No baseline is involved."""
+    (the registry's defaults for this device, then the profile's and the scenario's ``own``). The
+    headline's is unused: the sequential test judges it against the minimum effect. No baseline is
+    involved."""
     tolerances = resolve_tolerances(profile.default_tolerances(metrics), own, None)
     rest = {name: tolerances[name] for name in metrics if name in tolerances and name != primary}
-    return {primary: tolerance, **rest}
+    return {primary: tolerances.get(primary, 0.0), **rest}
+
+
+def design(config: pytest.Config, min_effect: float) -> sequential.Design:
+    """The sequential design of one scenario's A/B: ``--perf-min-effect`` over its own minimum
+    effect (the scenario's, else the profile's), and the pairs it may spend."""
+    flag = config.getoption(MIN_EFFECT_FLAG)
+    return sequential.Design(flag or min_effect, max_pairs=config.getoption("--perf-ab-max-pairs"))
 
 
 def _pair(config: pytest.Config) -> tuple[str, str] | None:

@@ -97,7 +97,7 @@ class BaselineMode(Mode):
         """After recording, what each new baseline lets the gate see: a team learns the smallest drop it
         would catch (a -20% regression in a tiny cpu shape passes a 40% tolerance, and nothing said so)."""
         recorded = {
-            r.scenario.id: r.baseline
+            r.scenario.id: (r.baseline, r.scenario.min_effect)
             for r in session.results.values()
             if r.verdict == "recorded" and r.status == "ok" and r.baseline is not None
         }
@@ -106,8 +106,8 @@ class BaselineMode(Mode):
         from perfsuite.judge.simulate import sensitivity  # numpy and scipy: only when baselines were recorded
 
         terminalreporter.write_sep("-", "perfsuite: what these baselines let the gate see")
-        for scenario_id, entry in recorded.items():
-            said = sensitivity(entry, session.profile, session.settings.confirm)
+        for scenario_id, (entry, min_effect) in recorded.items():
+            said = sensitivity(entry, session.profile, session.settings.confirm, min_effect)
             terminalreporter.write_line(f"{scenario_id}: {said or 'no spread stored: not modelled'}")
 
     def _ranking(self, terminalreporter: Any, session: PerfSession) -> None:

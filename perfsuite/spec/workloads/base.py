@@ -88,6 +88,9 @@ class BaseScenario:
     """Measured steps (at least 2, to report a spread)."""
     tolerances: Mapping[str, float] = field(default_factory=dict)
     """Relative tolerance per metric, over the profile's default."""
+    min_effect: float | None = None
+    """The smallest slowdown that matters for this row in an A/B (0.05: steps 5% slower), over
+    the profile's ``min_effect``; a variant may set it per profile. Not part of the definition."""
     max_imbalance: Mapping[str, float] = field(default_factory=dict)
     """Limits on max/min across ranks, e.g. {"peak_mem_mib": 1.5}: a straggler
     or a lopsided pipeline stage fails the scenario."""
@@ -155,6 +158,8 @@ class BaseScenario:
             check_int(owner, "max_warmup_steps", self.max_warmup_steps, self.warmup_steps)
         if self.steps < 2:
             raise fail(owner, "steps", f"must be >= 2 to report a spread, got {self.steps}")
+        if self.min_effect is not None and not (isinstance(self.min_effect, (int, float)) and 0 < self.min_effect < 10):
+            raise fail(owner, "min_effect", f"must be a slowdown fraction above 0 (0.05 = 5%), got {self.min_effect!r}")
         for metric, tol in self.tolerances.items():
             self.metric(metric, "tolerances")
             if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
@@ -233,6 +238,7 @@ class BaseScenario:
             "kind": self.kind,
             "primary": self.primary,
             **({"reference": self.reference} if self.reference else {}),
+            **({"min_effect": self.min_effect} if self.min_effect is not None else {}),
             "tier": self.tier,
             "nodes": self.nodes,
             "env": self.env or "current",
