@@ -1,4 +1,4 @@
-"""Command line: ``python -m perfsuite calibrate|selftest|doctor|bootstrap|profile|history|report|summary|explain|init|ab-rev``.
+"""Command line: ``python -m perfsuite calibrate|selftest|doctor|bootstrap|profile|history|report|summary|explain|init|ab-rev|bisect``.
 
 ``profile`` prints this machine's profile as the gate picks it, after the repository's
 conftest hooks (:mod:`perfsuite.commands.collection`); ``doctor``, ``bootstrap`` and the workflow
@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.commands import abrev as revab
+from perfsuite.commands import bisect as bisectcmd
 from perfsuite.commands import collection
 from perfsuite.commands import explain as explaincmd
 from perfsuite.commands import history as historycmd
@@ -88,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument(
         "--draws", type=at_least(100), default=100_000, help="--simulate: runs a level (default 100000)"
     )
-    selftest.add_argument("--pairs", type=levels, default=(3.0, 10.0), help="--simulate: ab-rev pairs (default 3,10)")
+    selftest.add_argument("--max-pairs", "--pairs", dest="max_pairs", type=at_least(2),
+                          help="--simulate: the sequential A/B's most pairs (default: the A/B's, 8)")  # fmt: skip
     selftest.add_argument("--seed", type=int, default=0, help="--simulate: random seed (default 0)")
     doctor = commands.add_parser("doctor", help="check this machine: engines, scenarios that would run, smoke runs")
     doctor.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
@@ -102,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     explaincmd.add_parser(commands)  # explain RESULTS.json: the op-profile diff of each regression
     scaffold.add_parser(commands)  # init [ROOT]: perfsuite in a team's repository
     revab.add_parser(commands)  # ab-rev REV: this checkout against a git revision, interleaved
+    bisectcmd.add_parser(commands)  # bisect GOOD BAD: the commit that made a row slower, by A/B
     collection.add_parser(commands)  # profile: the profile the gate would use here
     return parser
 
@@ -156,9 +159,10 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="perfsuite-selftest-") as tmp:
         out = Path(tmp) / "results.json"
         for level in ns.levels:
-            caught = unreliable = 0
+            caught = unreliable = undecided = 0
             changes: list[float] = []
             spreads: list[float] = []
+            pairs: list[int] = []
             for _ in range(ns.trials):
                 plant = [f"--perf-ab={ns.ab}", f"--perf-ab-inject-slowdown={level}"] if ns.ab else [
                     f"--perf-inject-slowdown={level}"]  # fmt: skip
@@ -166,17 +170,25 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
                 cmd = [sys.executable, "-m", "pytest", *ns.paths, "-k", ns.keyword, "-q", "-p", "no:cacheprovider",
                        *plant, "--perf-op-profiles=off", f"--perf-json={out}", *extra]  # fmt: skip
                 code = subprocess.run(cmd, capture_output=True, check=False).returncode
-                verdicts = ab_verdicts(out, cmd, code) if ns.ab else trial_verdicts(out, cmd, code)
+                if ns.ab:
+                    found = ab_trials(out, cmd, code)
+                    verdicts = [verdict for verdict, _, _ in found]
+                    pairs += [spent for _, spent, _ in found]
+                    changes += [slowdown for _, _, slowdown in found]
+                else:
+                    verdicts = trial_verdicts(out, cmd, code)
+                    figures = primary_figures(out)
+                    changes += [change for change, _ in figures]
+                    spreads += [spread for _, spread in figures]
                 caught += "regression" in verdicts
                 unreliable += "unreliable" in verdicts
-                if not ns.ab:
-                    found = primary_figures(out)
-                    changes += [change for change, _ in found]
-                    spreads += [spread for _, spread in found]
+                undecided += "undecided" in verdicts
             rows.append({"level": level, "throughput_change": -level / (100 + level), "trials": ns.trials,
-                         "failed": caught, "unreliable": unreliable, "measured_changes": changes,
-                         "step_cvs": spreads})  # fmt: skip
+                         "failed": caught, "unreliable": unreliable, "undecided": undecided,
+                         "measured_changes": changes, "step_cvs": spreads, "pairs": pairs})  # fmt: skip
             note = f", unreliable {unreliable}" if unreliable else ""
+            note += f", undecided {undecided}" if ns.ab else ""
+            note += f", pairs mean {sum(pairs) / len(pairs):.1f} (most {max(pairs)})" if pairs else ""
             print(
                 f"slowdown {level:5.0f}%  throughput -{level / (100 + level):.0%}  failed {caught}/{ns.trials}{note}",
                 flush=True,
@@ -221,18 +233,19 @@ def primary_figures(path: Path) -> list[tuple[float, float]]:
     return found
 
 
-def ab_verdicts(path: Path, cmd: list[str], code: int) -> list[str]:
-    """Verdicts of the A/B comparisons one trial made; refuses a trial that compared nothing."""
+def ab_trials(path: Path, cmd: list[str], code: int) -> list[tuple[str, int, float]]:
+    """Each A/B one trial made: its verdict, the pairs it spent and the slowdown it measured;
+    refuses a trial that compared nothing. An undecided A/B exits 1 (not judged), like a failure."""
     if code not in (0, 1) or not path.exists():
         raise SystemExit(f"perfsuite selftest: pytest exited {code} (not pass/fail): {' '.join(cmd)}")
-    compared = [r for r in json.loads(path.read_text()).get("ab", []) if r["comparisons"]]
+    compared = [r for r in json.loads(path.read_text()).get("ab", []) if r.get("headline")]
     if not compared:
         raise SystemExit(f"perfsuite selftest: the A/B compared nothing: {' '.join(cmd)}")
-    return [r["verdict"] for r in compared]
+    return [(r["verdict"], int(r["pairs"]), round(float(r["headline"]["slowdown"]), 5)) for r in compared]
 
 
 #: Commands whose unknown arguments go on to pytest (which refuses what it does not know).
-PYTEST_PASS_THROUGH = ("calibrate", "selftest", "bootstrap", "ab-rev")
+PYTEST_PASS_THROUGH = ("calibrate", "selftest", "bootstrap", "ab-rev", "bisect")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         return collection.run(ns)
     if ns.command == "ab-rev":
         return revab.run(ns, extra)
+    if ns.command == "bisect":
+        return bisectcmd.run(ns, extra)
+    if ns.command == "compare":
     if ns.command in htmlreport_cli.COMMANDS:
         return htmlreport_cli.run(ns)
     if ns.command == "doctor":

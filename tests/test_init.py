@@ -144,3 +144,42 @@ def test_the_example_team_repo_records_judges_and_catches_a_slowdown(pytester: p
     slowed = gate(pytester, "-k", "encoder_ddp", "--perf-inject-slowdown=300")
     slowed.assert_outcomes(failed=1)
     slowed.stdout.fnmatch_lines(["*team.encoder_ddp: regression: samples_per_s*"])
+
+
+def test_the_pull_request_ab_compares_with_the_merge_base_at_the_teams_minimum_effect(tmp_path: Path) -> None:
+    # The step's own shell, run against a repository whose main moved on after the branch: the A/B
+    # must take the merge base (not main's tip, whose later commits are not the PR's), pass the
+    # repository variable's minimum effect only when set, and write the job summary.
+    import subprocess
+
+    import yaml
+
+    init(tmp_path / "team", Model.parse(None), force=False)
+    workflow = yaml.safe_load((tmp_path / "team" / ".github" / "workflows" / "perf.yml").read_text())
+    step = next(
+        s for job in workflow["jobs"].values() for s in job["steps"] if s.get("name") == "A/B against the base branch"
+    )
+    repo = tmp_path / "repo"
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    for message in ("base", "on main after the branch"):
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", message], check=True)
+        if message == "base":
+            subprocess.run([*git, "branch", "pr"], check=True)
+    subprocess.run([*git, "update-ref", "refs/remotes/origin/main", "main"], check=True)
+    subprocess.run([*git, "checkout", "-q", "pr"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "the pull request"], check=True)
+    base = subprocess.run([*git, "rev-parse", "pr~1"], capture_output=True, text=True, check=True).stdout.strip()
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\n')
+    (venv / "bin" / "python").chmod(0o755)
+    for effect, expected in (("0.02", ["--min-effect", "0.02"]), ("", [])):
+        env = {"PATH": "/usr/bin:/bin", "PERF_VENV": str(venv), "BASE_REF": "main", "AB_KEYWORD": "amp",
+               "MIN_EFFECT": effect, "AB_MAX_PAIRS": "", "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+               "ARGS_OUT": str(tmp_path / "args")}  # fmt: skip
+        subprocess.run(["bash", "-e", "-o", "pipefail", "-c", step["run"]], cwd=repo, env=env, check=True)
+        args = (tmp_path / "args").read_text().split("\n")[:-1]
+        assert args[:4] == ["-m", "perfsuite", "ab-rev", base]
+        assert args[4:] == ["bench_tests", "-k", "amp", *expected, "--max-pairs", "8", "--json", "perf-ab.json",
+                            "--markdown", str(tmp_path / "summary.md")]  # fmt: skip

@@ -114,13 +114,15 @@ class State:
     decided_at: int
     """The pair count that decided (0 while undecided)."""
 
+    def interval(self, design: Design) -> str:
+        """The decision's interval in words, with the coverage it holds at every look."""
+        if not math.isfinite(self.low):
+            return "no interval yet"
+        return f"{1 - design.alpha - design.beta:.0%} CI {self.low:+.1%} .. {self.high:+.1%}"
+
     def describe(self, design: Design) -> str:
-        covers = 1 - design.alpha - design.beta
-        interval = (
-            f"{covers:.0%} CI {self.low:+.1%} .. {self.high:+.1%}" if math.isfinite(self.low) else "no interval yet"
-        )
         return (
-            f"slowdown {self.slowdown:+.1%} ({interval}), {self.decision} after {self.pairs} pair(s) "
+            f"slowdown {self.slowdown:+.1%} ({self.interval(design)}), {self.decision} after {self.pairs} pair(s) "
             f"of at most {design.max_pairs}; minimum effect {design.min_effect:.1%}"
         )
 
