@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfsuite.commands.cliargs import at_least, duration
+from perfsuite.commands.cliargs import at_least, duration, fraction
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -206,17 +206,6 @@ def add_design_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=duration, metavar="DURATION",
                         help="start no pair after this long, e.g. 20m (undecided where nothing decided)")  # fmt: skip
     parser.add_argument("--tolerance", type=_gone, help=argparse.SUPPRESS)
-
-
-def fraction(text: str) -> float:
-    """A minimum effect: a slowdown fraction above 0 (``0.02``; ``2%`` is refused as ambiguous)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction, e.g. 0.02 for a 2% slowdown") from None
-    if not 0 < value < 10:
-        raise argparse.ArgumentTypeError(f"must be a slowdown fraction above 0 (0.02 = 2%), got {value}")
-    return value
 
 
 def _gone(text: str) -> float:

@@ -63,3 +63,14 @@ def probability(text: str) -> float:
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
     return value
+
+
+def fraction(text: str) -> float:
+    """A slowdown fraction above 0, such as a minimum effect (``0.02``; ``2%`` is refused as ambiguous)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction, e.g. 0.02 for a 2% slowdown") from None
+    if not 0 < value < 10:
+        raise argparse.ArgumentTypeError(f"must be a slowdown fraction above 0 (0.02 = 2%), got {value}")
+    return value
