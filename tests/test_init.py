@@ -15,7 +15,7 @@ import pytest
 from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION, require
 from test_workflows import ROOT, lint
 
-from perfsuite.commands.init import RECORD, Model, init, install, render
+from perfsuite.commands.init import MERGED, RECORD, Model, Outcome, init, install, render
 from perfsuite.commands.init.install import how_installed
 
 
@@ -28,10 +28,16 @@ def gate(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 
 @pytest.mark.serial  # its last run must pass as measured: a neighbouring test's launches would be contention
-def test_a_fresh_repo_is_red_until_the_printed_command_records_its_baselines(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("own_conftest", [False, True], ids=["fresh", "own-conftest"])
+def test_a_fresh_repo_is_red_until_the_printed_command_records_its_baselines(
+    pytester: pytest.Pytester, own_conftest: bool
+) -> None:
+    if own_conftest:  # a team's repository with its own fixtures: init keeps them, and the gate goes the same path
+        pytester.makeconftest(OWN_CONFTEST)
     done = perfsuite(pytester, "init")
     assert done.ret == 0, done.stderr.str()
     assert RECORD in done.stdout.str()
+    assert ("appended perfsuite's note" in done.stdout.str()) == own_conftest
     written = {p.relative_to(pytester.path).as_posix() for p in pytester.path.rglob("*") if p.is_file()}
     assert written - {"stdout", "stderr"} == set(render(Model.parse(None)))  # (pytester's own capture files)
     red = gate(pytester)
@@ -47,17 +53,40 @@ def test_a_fresh_repo_is_red_until_the_printed_command_records_its_baselines(pyt
 
 def test_init_again_changes_nothing_and_a_changed_file_needs_force(tmp_path: Path) -> None:
     model = Model.parse(None)
-    written, _ = init(tmp_path, model, force=False)
+    written = init(tmp_path, model, force=False).written
     stamps = {p: (tmp_path / p).stat().st_mtime_ns for p in written}
-    assert init(tmp_path, model, force=False) == ([], written)
+    assert init(tmp_path, model, force=False) == Outcome((), written)
     assert stamps == {p: (tmp_path / p).stat().st_mtime_ns for p in written}
-    (tmp_path / "conftest.py").write_text("# ours\n")
-    with pytest.raises(FileExistsError, match=r"conftest\.py"):
+    (tmp_path / "PERFSUITE.md").write_text("# ours\n")
+    with pytest.raises(
+        FileExistsError, match=r"PERFSUITE\.md, bench_tests/test_perf\.py|bench_tests/test_perf\.py, PERFSUITE\.md"
+    ):
         init(tmp_path, Model.parse("llama"), force=False)
-    assert (tmp_path / "conftest.py").read_text() == "# ours\n"
+    assert (tmp_path / "PERFSUITE.md").read_text() == "# ours\n"
     assert "ModelSpec.module" in (tmp_path / "bench_tests" / "test_perf.py").read_text()  # nothing was written
-    written, _ = init(tmp_path, Model.parse("llama"), force=True)
-    assert set(written) == {"conftest.py", "bench_tests/test_perf.py"}
+    assert set(init(tmp_path, Model.parse("llama"), force=True).written) == {"PERFSUITE.md", "bench_tests/test_perf.py"}
+
+
+OWN_CONFTEST = """import pytest
+
+
+@pytest.fixture
+def team_fixture():
+    return 42
+"""
+
+
+def test_a_teams_own_conftest_is_kept_and_gets_perfsuites_note_once(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(OWN_CONFTEST)
+    done = init(tmp_path, Model.parse(None), force=True)  # even --force never replaces it
+    assert done.added == ("conftest.py",) and "conftest.py" not in done.written
+    text = (tmp_path / "conftest.py").read_text()
+    assert text.startswith(OWN_CONFTEST) and text.count(MERGED["conftest.py"]) == 1
+    assert "#     def pytest_perfsuite_profiles():" in text
+    compile(text, "conftest.py", "exec")  # still Python: the note is comments
+    again = init(tmp_path, Model.parse(None), force=False)
+    assert again.added == () and again.written == () and "conftest.py" in again.unchanged
+    assert (tmp_path / "conftest.py").read_text() == text
 
 
 def test_model_flags_name_a_build_function_or_a_transformers_type(pytester: pytest.Pytester) -> None:

@@ -3,9 +3,12 @@
 Writes a benchmark module with one scenario for the team's model (their build function,
 a transformers model type, or an example model to replace), a root ``conftest.py``, an
 empty ``baselines/``, a GitHub Actions workflow for self-hosted GPU runners (installing
-perfsuite as it is installed here: :mod:`perfsuite.commands.init.install`) and a README snippet. It writes nothing when any file it would write exists with other
-content, unless ``--force``; files already as it would write them are left alone, so a
-second run changes nothing. Pytest side, torch-free: the templates are package data.
+perfsuite as it is installed here: :mod:`perfsuite.commands.init.install`) and a README snippet.
+A team's own root ``conftest.py`` is kept: what perfsuite needs of it is that it sits at the
+root (pytest then puts the root on the import path), so init appends its note as comments and
+says so. Otherwise it writes nothing when any file it would write exists with other content,
+unless ``--force``; files already as it would write them are left alone, so a second run
+changes nothing. Pytest side, torch-free: the templates are package data.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ LAYOUT = {
     ".github/workflows/perf.yml": "perf.yml.tmpl",
     "PERFSUITE.md": "PERFSUITE.md.tmpl",
 }
+#: Files a repository may have already that init adds its part to instead of replacing: the root
+#: conftest.py only has to exist (its folder goes on pytest's import path); init's note follows
+#: the team's code as comments, below this marker.
+MERGED = {"conftest.py": "# perfsuite: added by `python -m perfsuite init`"}
 #: The one template with placeholders (``$model_spec``, ``$what``, ``$group``); the others are
 #: written as they are, but for the workflow's install (its ``$`` belong to the shell and to GitHub).
 SUBSTITUTED = "test_perf.py.tmpl"
@@ -113,18 +120,46 @@ def _text(name: str | None, values: dict[str, str], install: Install) -> str:
     return string.Template(text).substitute(values) if name == SUBSTITUTED else text
 
 
-def init(root: Path, model: Model, force: bool) -> tuple[list[str], list[str]]:
-    """Write the files under ``root``: (written, unchanged). Raises FileExistsError naming the files
-    that exist with other content (none written) unless ``force``."""
+@dataclass(frozen=True)
+class Outcome:
+    """What ``init`` did, as paths relative to the repository."""
+
+    written: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    """Already as init writes them (or, merged files, already holding its note)."""
+    added: tuple[str, ...] = ()
+    """The team's own files that init appended its note to (``MERGED``)."""
+
+
+def init(root: Path, model: Model, force: bool) -> Outcome:
+    """Write the files under ``root``. Raises FileExistsError naming the files that exist with other
+    content (none written) unless ``force``; a team's own ``MERGED`` file gets init's note appended,
+    with ``force`` too."""
     files = render(model)
-    unchanged = [p for p, text in files.items() if (root / p).is_file() and (root / p).read_text() == text]
-    clashing = [p for p in files if (root / p).exists() and p not in unchanged]
+    unchanged = [p for p, text in files.items() if (root / p).is_file() and _holds(root / p, p, text)]
+    mergeable = [p for p in files if p in MERGED and (root / p).is_file() and p not in unchanged]
+    clashing = [p for p in files if (root / p).exists() and p not in unchanged and p not in mergeable]
     if clashing and not force:
         raise FileExistsError(", ".join(clashing))
-    written = [p for p in files if p not in unchanged]
+    written = [p for p in files if p not in unchanged and p not in mergeable]
     for path in written:
         atomic_write_text(root / path, files[path])
-    return written, unchanged
+    for path in mergeable:
+        own = (root / path).read_text()
+        atomic_write_text(root / path, own + ("" if own.endswith("\n") else "\n") + "\n" + note(path, files[path]))
+    return Outcome(tuple(written), tuple(unchanged), tuple(mergeable))
+
+
+def _holds(path: Path, relative: str, text: str) -> bool:
+    """The file is as init writes it, or (a merged file) already holds init's note."""
+    found = path.read_text()
+    return found == text or (relative in MERGED and MERGED[relative] in found)
+
+
+def note(path: str, template: str) -> str:
+    """A template docstring as the comment block appended to a team's own file, under its marker."""
+    body = template.strip().strip('"').strip()
+    return "\n".join([MERGED[path], *(f"# {line}".rstrip() for line in body.splitlines())]) + "\n"
 
 
 def add_parser(commands: Any) -> None:
@@ -135,14 +170,15 @@ def add_parser(commands: Any) -> None:
         help="your build function as package.module:function, or a transformers model type (llama, qwen2, vit...); "
         "default: an example model to replace",
     )
-    parser.add_argument("--force", action="store_true", help="overwrite files that exist with other content")
+    parser.add_argument("--force", action="store_true",
+                        help="overwrite files that exist with other content (never your conftest.py: init appends to it)")  # fmt: skip
 
 
 def run(ns: argparse.Namespace) -> int:
     """0 when the repository is set up (or already was), 2 for bad input or files in the way."""
     try:
         model = Model.parse(ns.model)
-        written, unchanged = init(ns.root, model, ns.force)
+        done = init(ns.root, model, ns.force)
     except ValueError as exc:
         print(f"perfsuite init: {exc}", file=sys.stderr)
         return 2
@@ -150,10 +186,13 @@ def run(ns: argparse.Namespace) -> int:
         print(f"perfsuite init: these files exist with other content, so nothing was written: {exc}. "
               "Move them away, or overwrite them with --force", file=sys.stderr)  # fmt: skip
         return 2
-    for path in written:
+    for path in done.written:
         print(f"wrote {ns.root / path}")
-    if not written:
-        print(f"perfsuite init: {ns.root} is already set up ({len(unchanged)} files as init writes them)")
+    for path in done.added:
+        print(f"kept your {ns.root / path} (at the root, it already puts the repository on the import path) "
+              "and appended perfsuite's note to it as comments: where your runners' profiles go")  # fmt: skip
+    if not done.written and not done.added:
+        print(f"perfsuite init: {ns.root} is already set up ({len(done.unchanged)} files as init writes them)")
     print(f"next: record this machine's baselines with `{RECORD}` (in {ns.root}), commit baselines/, then "
           "`pytest bench_tests` judges every run against them")  # fmt: skip
     return 0
