@@ -1,4 +1,4 @@
-"""Command line: ``python -m perfsuite calibrate|selftest|doctor|bootstrap|profile|history|report|summary|explain|init|ab-rev|bisect``.
+"""Command line: ``python -m perfsuite calibrate|selftest|doctor|bootstrap|profile|history|report|summary|explain|init|ab-rev|bisect|compare``.
 
 ``profile`` prints this machine's profile as the gate picks it, after the repository's
 conftest hooks (:mod:`perfsuite.commands.collection`); ``doctor``, ``bootstrap`` and the workflow
@@ -49,6 +49,7 @@ from typing import Any
 from perfsuite.commands import abrev as revab
 from perfsuite.commands import bisect as bisectcmd
 from perfsuite.commands import collection
+from perfsuite.commands import compare as comparecmd
 from perfsuite.commands import explain as explaincmd
 from perfsuite.commands import history as historycmd
 from perfsuite.commands import init as scaffold
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     scaffold.add_parser(commands)  # init [ROOT]: perfsuite in a team's repository
     revab.add_parser(commands)  # ab-rev REV: this checkout against a git revision, interleaved
     bisectcmd.add_parser(commands)  # bisect GOOD BAD: the commit that made a row slower, by A/B
+    comparecmd.add_parser(commands)  # compare OLD NEW: two results files side by side, per scenario
     collection.add_parser(commands)  # profile: the profile the gate would use here
     return parser
 
@@ -281,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "bisect":
         return bisectcmd.run(ns, extra)
     if ns.command == "compare":
+        return comparecmd.run(ns)
     if ns.command in htmlreport_cli.COMMANDS:
         return htmlreport_cli.run(ns)
     if ns.command == "doctor":
