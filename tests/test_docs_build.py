@@ -11,6 +11,7 @@ sees it fail naming the link. The checkout's own docs are left alone.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,3 +53,18 @@ def test_the_docs_build_fails_on_a_planted_broken_link(tmp_path: Path) -> None:
     warnings = [line for line in out.splitlines() if line.startswith("WARNING")]
     assert any(PLANTED in line for line in warnings), f"no warning names the planted link:\n{out[-3000:]}"
     assert "in strict mode" in out, out[-3000:]
+
+
+def test_the_durations_the_readme_quotes_are_measured_in_the_lab_notes() -> None:
+    # README quotes CI's and the gate's wall time; each figure must be one docs/lab/ measured
+    # (to the precision quoted), so a new measurement that moves it makes this fail until the
+    # README follows.
+    readme = (ROOT / "README.md").read_text()
+    quoted = re.findall(r"(\d+(?:\.\d+)?)(?: to (\d+(?:\.\d+)?))? (?:minutes|min)\b", readme)
+    figures = {float(x) for q in quoted for x in q if x}
+    assert figures, "README quotes no durations: this test would prove nothing"
+    lab = " ".join(p.read_text() for p in (ROOT / "docs" / "lab").glob("*.md"))
+    measured = [float(x) for x in re.findall(r"(\d+(?:\.\d+)?)\s*(?:min\b|minutes)", lab)]
+    for figure in figures:
+        digits = len(str(figure).split(".")[1]) if figure != int(figure) else 0
+        assert any(round(m, digits) == figure for m in measured), f"README's {figure:g} min is in no docs/lab/ page"
