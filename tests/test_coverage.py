@@ -4,16 +4,19 @@ handled by waiting for a quiet host and measuring again."""
 
 from __future__ import annotations
 
+import json
 from datetime import date
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from conftest import CPU_PROFILE, TINY, TINY_SHAPE
 
 from perfsuite.judge.contention import Contention, Quiet, wait_for_quiet
 from perfsuite.judge.coverage import Outcome, coverage_of
 from perfsuite.plugin import exitstatus as gate
+from perfsuite.spec.engines import MissingPackage
 from perfsuite.store import quarantine
 from tests.test_contention import busy
 from tests.test_verdicts import SCENARIO, SLOW, STEADY, FakeLauncher, record, session
@@ -46,6 +49,76 @@ def test_a_run_is_green_only_when_it_judged_something_and_left_nothing_unjudged(
     assert not coverage_of([Outcome("a", "regression", quarantined=True)]).ok  # judged nothing
     assert "nothing was judged" in coverage_of([Outcome("a", "pass", quarantined=True)]).fixes()[0]
     assert not coverage_of([Outcome("a", "pass"), Outcome("b", "unreliable")]).ok
+
+
+MEGATRON = MissingPackage("megatron.core", "megatron")
+
+
+def test_rows_whose_engine_is_not_installed_are_counted_apart_and_grouped_by_the_extra() -> None:
+    found = coverage_of([
+        Outcome("a.pass", "pass"), Outcome("c.big", "skipped", "needs 4 GPUs, 1 node(s) here have 1"),
+        Outcome("p.mcore1", "skipped", MEGATRON.describe(), missing=MEGATRON),
+        Outcome("p.zero", "skipped", "deepspeed is not installed", missing=MissingPackage("deepspeed", "deepspeed")),
+        Outcome("p.mcore2", "skipped", MEGATRON.describe(), missing=MEGATRON),
+        Outcome("p.own", "skipped", "their_engine is not installed", missing=MissingPackage("their_engine")),
+    ])  # fmt: skip
+    assert found.line() == "judged 1 of 6 selected scenario(s); not for this machine: 1; engine not installed: 4"
+    assert found.ok, "a skip stays a skip: a runner need not install every engine"
+    assert found.notes() == [
+        "not installed: 2 rows need perfsuite[megatron] (pip install 'perfsuite[megatron]'): p.mcore1, p.mcore2",
+        "not installed: 1 row needs perfsuite[deepspeed] (pip install 'perfsuite[deepspeed]'): p.zero",
+        "not installed: 1 row needs their_engine (install their_engine): p.own",
+    ]
+    document = found.to_json()
+    assert document["not_installed"][0] == {
+        "needs": "perfsuite[megatron]", "install": "pip install 'perfsuite[megatron]'",
+        "scenarios": ["p.mcore1", "p.mcore2"],
+    }  # fmt: skip
+    assert set(document["skipped"]) == {"c.big", "p.mcore1", "p.zero", "p.mcore2", "p.own"}  # every skip, as before
+
+
+#: A team's engine whose package is not installed here, installed by a real extra of perfsuite's.
+PHANTOM = f"""
+from perfsuite import EngineSpec, ModelSpec, Scenario, parametrize, register_engine
+
+register_engine(EngineSpec("phantom", "perfsuite_phantom_engine:Strategy", extra="megatron",
+                           requires=("perfsuite_phantom_engine.core",)))
+TINY = {TINY}
+PHANTOM_ROWS = [
+    Scenario("phantom", "a", TINY, {TINY_SHAPE}, strategy="phantom"),
+    Scenario("phantom", "b", TINY, {TINY_SHAPE}, strategy="phantom"),
+]
+"""
+#: Those rows and one that runs.
+BENCH = f"""{PHANTOM}
+@parametrize([*PHANTOM_ROWS, Scenario("tiny", "fp32", TINY, {TINY_SHAPE})])
+def test_bench(perf, scenario):
+    perf.check(scenario)
+"""
+INSTALL = "pip install 'perfsuite[megatron]'"
+
+
+def test_a_run_names_the_extra_that_would_judge_rows_skipped_for_a_missing_engine(pytester: pytest.Pytester) -> None:
+    pytester.mkdir("baselines")
+    pytester.makepyfile(test_bench=BENCH)
+    out = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-rs", CPU_PROFILE, "--perf-update-baselines", "--perf-op-profiles=off",
+        f"--perf-json={out}",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines([
+        "*perfsuite coverage: judged 1 of 3 selected scenario(s); engine not installed: 2*",
+        f"not installed: 2 rows need perfsuite[megatron] ({INSTALL}): phantom.a, phantom.b",
+        "SKIPPED*phantom.a: perfsuite_phantom_engine.core is not installed; install it with: pip install*",
+    ])  # fmt: skip
+    reason = f"phantom.a: perfsuite_phantom_engine.core is not installed; install it with: {INSTALL}"
+    assert any(line.endswith(reason) for line in result.outlines), "the skip keeps its precise reason"
+    assert result.ret == pytest.ExitCode.OK, "skipped rows do not fail a run that judged something"
+    coverage = json.loads(out.read_text())["coverage"]
+    assert coverage["not_installed"] == [
+        {"needs": "perfsuite[megatron]", "install": INSTALL, "scenarios": ["phantom.a", "phantom.b"]}
+    ]
 
 
 def write(path: Path, text: str) -> Path:

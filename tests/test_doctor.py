@@ -10,10 +10,12 @@ import pytest
 from conftest import CPU_PROFILE, FAKE_NVML
 
 from perfsuite.commands import doctor
-from perfsuite.spec.engines import EngineSpec
+from perfsuite.spec.engines import EngineSpec, engine_spec
 from perfsuite.spec.profiles import CPU
+from tests.test_coverage import PHANTOM
 
 BENCH = str(Path(__file__).parents[1] / "bench_tests")
+MCORE = engine_spec("megatron_core")
 
 
 def test_doctor_reports_engines_and_scenarios_without_smoke_runs(pytester: pytest.Pytester) -> None:
@@ -77,6 +79,17 @@ def test_an_engine_that_should_work_but_does_not_fails_the_doctor(
     assert check.broken and "ModuleNotFoundError" in check.import_error and check.smoke == ""
 
 
+def test_a_scenario_whose_engine_is_not_installed_fails_the_doctor_naming_the_extra(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_phantom=PHANTOM + "\n@parametrize(PHANTOM_ROWS)\ndef test_it(perf, scenario):\n    pass\n")
+    result = pytester.run(sys.executable, "-m", "perfsuite", "doctor", str(pytester.path), "--no-smoke", CPU_PROFILE)
+    assert result.ret == 1, result.stdout.str()
+    install = "pip install 'perfsuite[megatron]'"
+    assert f"  not installed: 2 rows need perfsuite[megatron] ({install}): phantom.a, phantom.b" in result.outlines
+    result.stdout.fnmatch_lines(["  phantom.a * skip: perfsuite_phantom_engine.core is not installed*"])
+
+
 @pytest.mark.parametrize(
     ("gpus", "lines"),
     [
@@ -111,5 +124,8 @@ def test_the_gpus_present_decide_what_runs_and_at_which_size(
     monkeypatch.setenv("PYTHONPATH", str(FAKE_NVML))
     monkeypatch.setenv("FAKE_NVML_GPUS", ";".join(["NVIDIA H100 80GB HBM3"] * gpus))
     result = pytester.run(sys.executable, "-m", "perfsuite", "doctor", BENCH, "--no-smoke")
-    assert result.ret == 0, result.stdout.str()
+    # The megatron-core rows need perfsuite[megatron] (Python 3.12+): where it is missing, the doctor says so.
+    assert result.ret == (0 if MCORE.missing_package("cuda") is None else 1), result.stdout.str()
     result.stdout.fnmatch_lines(lines)
+    if MCORE.missing_package("cuda") is not None:
+        result.stdout.fnmatch_lines(["result: PROBLEMS", "  not installed: * rows need perfsuite?megatron? (*"])

@@ -7,7 +7,7 @@ import pytest
 
 from perfsuite import ModelSpec, Scenario, ScenarioError
 from perfsuite.launch.fingerprint import tracked_packages
-from perfsuite.spec.engines import ENGINES, EngineSpec, OptionError, ZeroOptions, engine_spec
+from perfsuite.spec.engines import ENGINES, EngineSpec, MissingPackage, OptionError, ZeroOptions, engine_spec
 
 GPT = ModelSpec("megatron_gpt", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
 MODULE = """
@@ -116,6 +116,11 @@ def test_cuda_only_and_missing_engines_say_why_before_launch() -> None:
         "phantom_engine_pkg is not installed; install it with: pip install 'perfsuite[phantom]'"
     )
     assert engine_spec("ddp").unavailable("cpu") == ""
+    # The same decision as data: what is missing and the extra that installs it (the message is built on it).
+    assert phantom.missing_package("cpu") == MissingPackage("phantom_engine_pkg", "phantom")
+    assert phantom.missing_package("cpu").describe() == phantom.unavailable("cpu")  # type: ignore[union-attr]
+    assert engine_spec("megatron_core").missing_package("cpu") is None, "the device rules it out first"
+    assert engine_spec("ddp").missing_package("cpu") is None
 
 
 def test_every_builtin_engine_names_an_implementation_module_and_its_packages_are_tracked() -> None:

@@ -5,7 +5,9 @@ and import, which benchmark scenarios would run or skip and why (the same
 checks a run makes before launching), and smoke-runs every available engine
 for two steps on this hardware (a tiny model, through torchrun and the real
 worker). It exits 1 when something that should work here does not: an engine
-whose packages are installed fails to import, or its smoke run fails.
+whose packages are installed fails to import, or its smoke run fails; or when a
+selected scenario needs an engine whose package is not installed (named by the
+extra that installs it: a run would only skip those rows, which is easy to miss).
 
 Runs in the pytest side's process: torch is imported only by the ranks and by
 one import-check subprocess.
@@ -19,13 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from perfsuite.commands.collection import collect
-from perfsuite.gate.fitting import fit_to_hardware, launch_precondition
+from perfsuite.gate.fitting import fit_to_hardware, launch_missing, launch_precondition
+from perfsuite.judge.coverage import NotInstalled, Outcome, not_installed
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.identity import describe_card, processor_text
 from perfsuite.launch.torchrun import LocalTorchrun
@@ -34,6 +37,7 @@ from perfsuite.spec.models import ModelSpec
 from perfsuite.spec.profiles import HardwareProfile
 from perfsuite.spec.protocol import RankJob
 from perfsuite.spec.workloads import Precision, Scenario, ScenarioError
+from perfsuite.spec.workloads.base import BaseScenario
 
 SMOKE_TIMEOUT_S = 180.0
 IMPORT_CHECK = """
@@ -120,6 +124,15 @@ def check_engines(
     return list(checks.values())
 
 
+def uninstalled(reasons: Mapping[str, tuple[BaseScenario, str]], profile: HardwareProfile) -> tuple[NotInstalled, ...]:
+    """The scenarios that skip because their engine's package is not installed, by the extra to install."""
+    return not_installed(
+        Outcome(scenario_id, "skipped", reason, missing=launch_missing(scenario, profile))
+        for scenario_id, (scenario, reason) in reasons.items()
+        if reason
+    )
+
+
 def describe_machine(fingerprint: dict[str, Any], profile: HardwareProfile) -> list[str]:
     gpus = fingerprint.get("gpus") or []
     names = ", ".join(f"{describe_card(g)}, {g['memory_mib']} MiB" for g in gpus) or "none"
@@ -173,6 +186,7 @@ def run(
 
     broken = [c for c in checks if c.broken]
     problems = [f"engine {c.name}: {c.import_error or c.smoke}" for c in broken]
+    problems += [group.describe() for group in uninstalled(reasons, profile)]
     if errors:
         problems.append(f"{errors} benchmark module(s) failed to collect: run pytest --collect-only {' '.join(paths)}")
     if not scenarios:

@@ -3,7 +3,8 @@
 ``fit_to_hardware`` shrinks a GPU scenario's world size to the GPUs here (all
 nodes' under a multi-node launcher); ``launch_precondition`` says why a
 resolved scenario cannot run here (another profile, CUDA only, too many ranks
-or GPUs, a layout the nodes cannot hold), before anything launches. The
+or GPUs, a layout the nodes cannot hold), before anything launches, and
+``launch_missing`` the engine package behind such a reason, as data. The
 session, ``doctor`` and the bootstrap's plan all decide with these. Pytest
 side, torch-free.
 """
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from perfsuite.launch.torchrun import Topology, TopologyError
+from perfsuite.spec.engines import MissingPackage
 from perfsuite.spec.profiles import HardwareProfile
 from perfsuite.spec.workloads.base import BaseScenario
 
@@ -46,8 +48,7 @@ def launch_precondition(
     scenario: BaseScenario, profile: HardwareProfile, fingerprint: Mapping[str, Any], topology: Topology | None
 ) -> str:
     """Why ``scenario`` (resolved for ``profile``) cannot run here, or "" if it can."""
-    keys = profile.variant_keys
-    if scenario.only_on and not set(scenario.only_on) & set(keys):
+    if not _on_profile(scenario, profile):
         return f"runs on {', '.join(scenario.only_on)} profiles only; this is {profile.name}"
     reason = scenario.precondition(profile.device)
     if reason:
@@ -73,3 +74,14 @@ def launch_precondition(
         except TopologyError as exc:
             return str(exc)
     return ""
+
+
+def launch_missing(scenario: BaseScenario, profile: HardwareProfile) -> MissingPackage | None:
+    """The engine package whose absence is the reason :func:`launch_precondition` gives for
+    ``scenario`` here (None when it gives another, or none), as data: a run groups such rows by
+    the extra to install, and ``doctor`` fails on them."""
+    return scenario.missing_package(profile.device) if _on_profile(scenario, profile) else None
+
+
+def _on_profile(scenario: BaseScenario, profile: HardwareProfile) -> bool:
+    return not scenario.only_on or bool(set(scenario.only_on) & set(profile.variant_keys))

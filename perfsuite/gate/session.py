@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from perfsuite.gate import recording
-from perfsuite.gate.fitting import fit_to_hardware, launch_precondition
+from perfsuite.gate.fitting import fit_to_hardware, launch_missing, launch_precondition
 from perfsuite.gate.launching import Launches
 from perfsuite.gate.profiling import OpProfiles
 from perfsuite.gate.settings import RunSettings
@@ -37,6 +37,7 @@ from perfsuite.launch import Launcher
 from perfsuite.launch.envs import CURRENT, build_hint
 from perfsuite.launch.fingerprint import tracked_packages
 from perfsuite.launch.progress import Progress
+from perfsuite.spec.engines import MissingPackage
 from perfsuite.spec.profiles import HardwareProfile
 from perfsuite.spec.relations import Relation, RelationOutcome, evaluate
 from perfsuite.spec.workloads.base import BaseScenario
@@ -168,7 +169,7 @@ class PerfSession:
     def _run(self, scenario: BaseScenario) -> ScenarioResult:
         scenario, skip = self._fit(scenario)
         if skip:
-            return ScenarioResult(scenario, "skipped", Judgement("skipped", skip))
+            return ScenarioResult(scenario, "skipped", Judgement("skipped", skip), missing=self.missing(scenario))
         env = self.env_of(scenario)
         baseline = self.store_for(env).get(scenario.group, scenario.id)
         attempts: list[dict[str, Any]] = []
@@ -290,6 +291,14 @@ class PerfSession:
         if missing:
             return missing
         return launch_precondition(scenario, self.profile, self.fingerprint, self.launches.topology(scenario))
+
+    def missing(self, scenario: BaseScenario) -> MissingPackage | None:
+        """The engine package whose absence is why a prepared ``scenario`` skips here (None when
+        another reason comes first, as :meth:`_precondition` checks them, or it runs)."""
+        env = self.env_of(scenario)
+        if env not in self.settings.envs or self.settings.envs[env].missing():
+            return None
+        return launch_missing(scenario, self.profile)
 
     def prepare(self, scenario: BaseScenario) -> tuple[BaseScenario, str]:
         """``scenario`` as this profile and machine run it, and why it must skip ("" if it can run)."""

@@ -7,7 +7,11 @@ scenario that should be judged here was not (``unreliable``, ``no_baseline``,
 or not recorded under ``--perf-update-baselines``) fails, unless
 ``--perf-allow-unjudged`` opts the whole run out. Scenarios skipped for a
 stated reason (too few GPUs, another profile, a missing environment) are
-listed apart: this machine cannot judge them, and saying so is enough.
+listed apart: this machine cannot judge them, and saying so is enough. Those
+skipped because an engine's package is not installed are counted apart from
+them and grouped by the extra that installs it, with the pip command: skips
+all the same (a runner need not install every engine), but ones a pip install
+would judge.
 Quarantined scenarios (:mod:`perfsuite.store.quarantine`) run and are reported, but
 do not gate; they are counted apart too. So are ``other_machine`` scenarios:
 their baseline's processor is not this one, so only their memory was judged
@@ -20,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from perfsuite.spec.engines import MissingPackage
 
 #: Verdicts by which the gate has spoken, for better or worse (``searched``: a max-batch
 #: search that trained or ran out of memory at least once).
@@ -53,6 +59,24 @@ class Outcome:
     verdict: str
     message: str = ""
     quarantined: bool = False
+    missing: MissingPackage | None = None
+    """The engine package whose absence skipped it, when that is why."""
+
+
+@dataclass(frozen=True)
+class NotInstalled:
+    """Skipped rows whose engines one install would bring: ``perfsuite[megatron]`` and its command."""
+
+    needs: str
+    install: str
+    ids: tuple[str, ...]
+
+    def describe(self) -> str:
+        rows = f"{len(self.ids)} row needs" if len(self.ids) == 1 else f"{len(self.ids)} rows need"
+        return f"not installed: {rows} {self.needs} ({self.install}): {_shown(self.ids)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"needs": self.needs, "install": self.install, "scenarios": list(self.ids)}
 
 
 @dataclass(frozen=True)
@@ -68,6 +92,8 @@ class Coverage:
     """The first measured cause per unreliable scenario, for the line."""
     timing_elsewhere: tuple[str, ...] = ()
     """Judged on memory only: their baselines were recorded on another processor."""
+    not_installed: tuple[NotInstalled, ...] = ()
+    """Skipped ones (also in ``skipped``) whose engine is not installed, by what installs it."""
 
     @property
     def ok(self) -> bool:
@@ -85,17 +111,21 @@ class Coverage:
             parts.append("not judged: " + ", ".join(self._unjudged_texts()))
         if self.quarantined:
             parts.append(f"quarantined (run, not gating): {len(self.quarantined)}")
-        if self.skipped:
-            parts.append(f"not for this machine: {len(self.skipped)}")
+        uninstalled = sum(len(group.ids) for group in self.not_installed)
+        if len(self.skipped) > uninstalled:
+            parts.append(f"not for this machine: {len(self.skipped) - uninstalled}")
+        if uninstalled:
+            parts.append(f"engine not installed: {uninstalled}")
         if self.timing_elsewhere:
             parts.append(f"timing not judged, baseline from another processor: {len(self.timing_elsewhere)}")
         return "; ".join(parts)
 
     def notes(self) -> list[str]:
         """What the line leaves unjudged without failing the run, and what would judge it."""
-        if not self.timing_elsewhere:
-            return []
-        return [f"{TIMING_ELSEWHERE}: {_shown(self.timing_elsewhere)}: judged on memory only; {TIMING_FIX}"]
+        found = [group.describe() for group in self.not_installed]
+        if self.timing_elsewhere:
+            found.append(f"{TIMING_ELSEWHERE}: {_shown(self.timing_elsewhere)}: judged on memory only; {TIMING_FIX}")
+        return found
 
     def _unjudged_texts(self) -> list[str]:
         texts = []
@@ -122,6 +152,7 @@ class Coverage:
             "unjudged": {k: list(v) for k, v in self.unjudged.items()},
             "quarantined": list(self.quarantined),
             "skipped": dict(self.skipped),
+            "not_installed": [group.to_json() for group in self.not_installed],
             "timing_elsewhere": list(self.timing_elsewhere),
             "fixes": self.fixes(),
             "notes": self.notes(),
@@ -151,7 +182,17 @@ def coverage_of(outcomes: Iterable[Outcome]) -> Coverage:
                 causes.append(_cause(item.message))
     elsewhere = tuple(item.id for item in items if item.verdict == TIMING_ELSEWHERE and not item.quarantined)
     return Coverage(len(items), tuple(judged), {k: tuple(v) for k, v in unjudged.items()}, skipped,
-                    tuple(quarantined), tuple(causes), elsewhere)  # fmt: skip
+                    tuple(quarantined), tuple(causes), elsewhere, not_installed(items))  # fmt: skip
+
+
+def not_installed(outcomes: Iterable[Outcome]) -> tuple[NotInstalled, ...]:
+    """The skipped outcomes whose engine is not installed, grouped by what installs them (one
+    extra may bring several modules), in the order first seen."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for item in outcomes:
+        if item.verdict == "skipped" and not item.quarantined and item.missing is not None:
+            groups.setdefault((item.missing.needs, item.missing.install), []).append(item.id)
+    return tuple(NotInstalled(needs, install, tuple(ids)) for (needs, install), ids in groups.items())
 
 
 def _cause(message: str) -> str:

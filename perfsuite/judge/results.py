@@ -19,6 +19,7 @@ from perfsuite.judge.explain import Explanation
 from perfsuite.judge.stats import ScenarioMetrics, Summary
 from perfsuite.launch import LaunchOutcome
 from perfsuite.spec import metrics as registry
+from perfsuite.spec.engines import MissingPackage
 from perfsuite.spec.workloads.base import BaseScenario
 from perfsuite.store.baselines import BaselineEntry
 
@@ -56,6 +57,8 @@ class ScenarioResult:
     launch_info: dict[str, Any] = field(default_factory=dict)
     #: Its op profile against the baseline's (perfsuite.gate.profiling), when one was taken.
     explanation: Explanation | None = None
+    #: The engine package whose absence skipped it, when that is why (perfsuite.gate.fitting.launch_missing).
+    missing: MissingPackage | None = None
 
     @property
     def verdict(self) -> str:

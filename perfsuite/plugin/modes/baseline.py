@@ -77,7 +77,9 @@ class BaselineMode(Mode):
     def outcomes(self, session: PerfSession | None) -> list[Outcome]:
         held = exitstatus.entries_of(self.config)
         results = session.results.values() if session is not None else ()
-        return [Outcome(r.scenario.id, r.verdict, r.judgement.message, r.scenario.id in held) for r in results]
+        return [
+            Outcome(r.scenario.id, r.verdict, r.judgement.message, r.scenario.id in held, r.missing) for r in results
+        ]
 
     def summary(self, terminalreporter: Any, session: PerfSession | None) -> None:
         if session is None or not session.results:

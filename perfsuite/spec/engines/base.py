@@ -181,6 +181,34 @@ class ParallelOptions(EngineOptions):
 
 
 @dataclass(frozen=True)
+class MissingPackage:
+    """A module an engine imports that this interpreter cannot find, and the extra that installs it.
+
+    Data rather than a sentence, so a run can group its skipped rows by what to install and
+    ``doctor`` can name them, without parsing the skip message.
+    """
+
+    module: str
+    """The module that cannot be found (``megatron.core``)."""
+    extra: str = ""
+    """perfsuite's pip extra that installs it (``EngineSpec.extra``; "" when it has none)."""
+
+    @property
+    def needs(self) -> str:
+        """What to install: ``perfsuite[megatron]``, or the module when no extra installs it."""
+        return f"perfsuite[{self.extra}]" if self.extra else self.module
+
+    @property
+    def install(self) -> str:
+        """The command that installs it."""
+        return f"pip install '{self.needs}'" if self.extra else f"install {self.module}"
+
+    def describe(self) -> str:
+        """The skip reason of the engine's scenarios."""
+        return f"{self.module} is not installed; install it with: {self.install}"
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     """One engine: what ``Scenario.strategy`` names."""
 
@@ -242,11 +270,20 @@ class EngineSpec:
         """Why this engine (with ``options``) cannot run here, before anything launches ("" if it can)."""
         if device not in self.devices:
             return self.why_not.get(device) or f"engine {self.name} runs on {', '.join(self.devices)} only"
+        missing = self.missing_package(device)
+        if missing is not None:
+            return missing.describe()
+        return options.unavailable(device) if options is not None else ""
+
+    def missing_package(self, device: str) -> MissingPackage | None:
+        """The first module it imports that cannot be found here: the reason :meth:`unavailable`
+        gives exactly when this is not None (None too where ``device`` already rules it out)."""
+        if device not in self.devices:
+            return None
         for module in self.requires:
             if not _importable(module):
-                hint = f"pip install 'perfsuite[{self.extra}]'" if self.extra else f"install {module}"
-                return f"{module} is not installed; install it with: {hint}"
-        return options.unavailable(device) if options is not None else ""
+                return MissingPackage(module, self.extra)
+        return None
 
 
 def _importable(module: str) -> bool:

@@ -17,12 +17,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from perfsuite.spec import metrics as registry
 from perfsuite.spec.metrics import Metric, MetricError
 from perfsuite.spec.protocol import WorkloadSpec
 from perfsuite.spec.validation import ScenarioError, check_int, check_positive, fail
+
+if TYPE_CHECKING:
+    from perfsuite.spec.engines.base import MissingPackage
 
 Outcome = Literal["ok", "oom"]
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
@@ -209,6 +212,10 @@ class BaseScenario:
         """Why this scenario cannot run on ``device`` ("" if it can); checked
         before launching, so nothing starts for a scenario that must skip."""
         return ""
+
+    def missing_package(self, device: str) -> MissingPackage | None:
+        """The engine package whose absence is the :meth:`precondition` on ``device`` (None if it is not)."""
+        return None
 
     def rank_spec(self) -> WorkloadSpec:
         """The typed spec its ranks receive (built on :meth:`spec_fields`)."""

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, get_args
 
-from perfsuite.spec.engines import ENGINES, EngineOptions, EngineSpec, OptionError, RunShape, engine_spec
+from perfsuite.spec.engines import (
+    ENGINES,
+    EngineOptions,
+    EngineSpec,
+    MissingPackage,
+    OptionError,
+    RunShape,
+    engine_spec,
+)
 from perfsuite.spec.layout import LayoutError, ParallelLayout
 from perfsuite.spec.models import ModelSpec
 from perfsuite.spec.protocol import WorkloadSpec, import_object, object_path
@@ -269,6 +277,9 @@ class Scenario(BaseScenario):
 
     def precondition(self, device: str) -> str:
         return self.engine.unavailable(device, self.engine_options)
+
+    def missing_package(self, device: str) -> MissingPackage | None:
+        return self.engine.missing_package(device)
 
     def rank_spec(self) -> TrainSpec:
         engine = self.engine
