@@ -219,3 +219,53 @@ def test_every_committed_baseline_is_still_its_scenarios_definition() -> None:
             assert changes(recorded, definition(resolved.to_config())) == [], f"{path.parent.name}/{sid}"
             checked += 1
     assert checked > 50
+
+
+#: ZeRO-3 as transformers' DeepSpeed integration documents it for the Trainer: "auto" throughout,
+#: the optimizer and the parameters offloaded.
+TRAINER_ZERO3: dict[str, Any] = {
+    "fp16": {"enabled": "auto"},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto"},
+    },
+    "zero_optimization": {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu", "pin_memory": True},
+        "offload_param": {"device": "cpu", "pin_memory": True},
+        "overlap_comm": True,
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+    },
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+}
+
+
+def test_a_trainer_config_is_refused_at_collection_naming_each_auto_key() -> None:
+    with pytest.raises(ScenarioError) as refused:
+        zero(TRAINER_ZERO3)
+    message = str(refused.value)
+    named = ["optimizer.params.lr (the Trainer uses TrainingArguments.learning_rate)", "optimizer.params.betas",
+             "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.params.warmup_min_lr",
+             "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps", "gradient_clipping (the Trainer "
+             "uses max_grad_norm)", "zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
+             "zero_optimization.stage3_param_persistence_threshold"]  # fmt: skip
+    assert all(key in message for key in named), message
+    # What perfsuite fills from the scenario is not named: the batch keys and the precision sections.
+    assert "train_batch_size" not in message and "bf16.enabled" not in message and "fp16" not in message
+
+
+def test_a_trainer_config_with_its_values_given_is_accepted() -> None:
+    given = json.loads(json.dumps(TRAINER_ZERO3))
+    given["optimizer"]["params"] = {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
+    given["scheduler"]["params"] = {"warmup_min_lr": 0, "warmup_max_lr": 1e-4, "warmup_num_steps": 0}
+    given["gradient_clipping"] = 1.0
+    given["zero_optimization"].update(reduce_bucket_size=4096, stage3_prefetch_bucket_size=3686,
+                                      stage3_param_persistence_threshold=640)  # fmt: skip
+    assert isinstance(zero(given).engine_options, ZeroOptions)

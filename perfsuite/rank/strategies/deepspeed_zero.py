@@ -30,6 +30,7 @@ from perfsuite.rank.strategies import steps
 from perfsuite.rank.strategies.base import EngineUnavailable, Strategy, StrategyContext, require
 from perfsuite.spec.engines import ZeroOptions
 from perfsuite.spec.engines.base import OPTIMIZERS
+from perfsuite.spec.engines.deepspeed_config import AUTO, PRECISION_KEYS
 
 SHM_COMM_OP = "deepspeed_shm_comm"  # deepspeed.ops.op_builder.cpu.comm.ShareMemCommBuilder.NAME
 ALL_GATHER_DEPRECATION = r"`torch\.distributed\.all_gather_into_tensor` is deprecated"
@@ -147,6 +148,10 @@ def ds_config(ctx: StrategyContext, options: ZeroOptions, model_numel: int) -> d
     if ctx.precision in ("fp16", "bf16"):
         section = config.get(ctx.precision)
         config[ctx.precision] = {**(section if isinstance(section, Mapping) else {}), "enabled": True}
+    for key, precision in PRECISION_KEYS.items():  # "auto", as the Trainer fills it: on for the run's own
+        section = config.get(key)
+        if isinstance(section, dict) and section.get("enabled") == AUTO:
+            section["enabled"] = precision == ctx.precision
     return config
 
 

@@ -19,7 +19,12 @@ from perfsuite.spec.engines.base import (
     StepOptions,
     check_optimizer,
 )
-from perfsuite.spec.engines.deepspeed_config import check_batch_keys, check_config_stage, config_optimizer_problem
+from perfsuite.spec.engines.deepspeed_config import (
+    check_auto,
+    check_batch_keys,
+    check_config_stage,
+    config_optimizer_problem,
+)
 
 #: Dtypes an FSDP2 mixed-precision policy may name.
 POLICY_DTYPES = ("fp32", "bf16", "fp16")
@@ -176,6 +181,7 @@ class ZeroOptions(StepOptions):
     def check_run(self, run: RunShape) -> None:
         if self.config is not None:
             check_batch_keys(self.config, run)
+            check_auto(self.config)
 
     def unavailable(self, device: str) -> str:
         return config_optimizer_problem(self.config, device) if self.config is not None else ""

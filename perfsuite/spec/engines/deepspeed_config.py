@@ -32,6 +32,22 @@ BATCH_KEYS: Mapping[str, str] = {
 PRECISION_KEYS: Mapping[str, str] = {"fp16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 #: A value DeepSpeed's integrations (transformers' Trainer) fill in themselves.
 AUTO = "auto"
+#: Where the Trainer takes each "auto" it fills from (transformers.integrations.deepspeed,
+#: HfTrainerDeepSpeedConfig): what a team sets instead when perfsuite runs the config without it.
+TRAINER_SOURCES: Mapping[str, str] = {
+    "optimizer.params.lr": "TrainingArguments.learning_rate",
+    "optimizer.params.betas": "adam_beta1, adam_beta2",
+    "optimizer.params.eps": "adam_epsilon",
+    "optimizer.params.weight_decay": "weight_decay",
+    "scheduler.params.warmup_min_lr": "0",
+    "scheduler.params.warmup_max_lr": "learning_rate",
+    "scheduler.params.warmup_num_steps": "warmup_steps",
+    "scheduler.params.total_num_steps": "the run's steps",
+    "gradient_clipping": "max_grad_norm",
+    "zero_optimization.reduce_bucket_size": "hidden_size * hidden_size",
+    "zero_optimization.stage3_prefetch_bucket_size": "0.9 * hidden_size * hidden_size",
+    "zero_optimization.stage3_param_persistence_threshold": "10 * hidden_size",
+}
 
 
 def check_config_stage(config: Any, stage: int | None) -> int | None:
@@ -70,6 +86,33 @@ def check_batch_keys(config: Mapping[str, Any], run: RunShape) -> None:
                 f"sets config key '{key}.enabled' to true, but the scenario's precision is {run.precision!r}: "
                 f"perfsuite owns the precision (set the scenario's precision to {precision!r}, or drop the key)"
             )
+
+
+def auto_keys(config: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys whose value is "auto", but for those perfsuite fills from the scenario (the
+    batch keys, a precision section's ``enabled``)."""
+    found = []
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            found += auto_keys(value, f"{path}.")
+        elif value == AUTO and path not in BATCH_KEYS and not (key == "enabled" and prefix[:-1] in PRECISION_KEYS):
+            found.append(path)
+    return found
+
+
+def check_auto(config: Mapping[str, Any]) -> None:
+    """Refuse a config with "auto" values perfsuite cannot fill, naming each and where the Trainer
+    takes it from: DeepSpeed itself refuses them, inside a rank, after the launch."""
+    keys = auto_keys(config)
+    if keys:
+        named = ", ".join(f"{key} (the Trainer uses {TRAINER_SOURCES[key]})" if key in TRAINER_SOURCES else key
+                          for key in keys)  # fmt: skip
+        raise OptionError(
+            f'has "auto" for {named}: transformers\' Trainer fills those from its TrainingArguments and '
+            "the model, but perfsuite runs DeepSpeed without the Trainer, so give each a value (the batch "
+            'keys and the precision may stay "auto": perfsuite sets them from the scenario)'
+        )
 
 
 def optimizer_op(config: Mapping[str, Any]) -> str | None:
@@ -133,7 +176,14 @@ elif not shutil.which(os.environ.get("CXX", "c++")):
 elif not shutil.which("ninja"):
     print(json.dumps("ninja, which DeepSpeed's just-in-time builds use, is not installed"))
 else:
-    print(json.dumps(""))
+    # Build it now, in this child without a memory cap, so a rank finds it in the extensions cache
+    # instead of compiling it under its RLIMIT_DATA budget, where the build fails.
+    try:
+        builder.load(verbose=False)
+    except Exception as exc:
+        print(json.dumps(f"building it failed: {type(exc).__name__}: {str(exc)[-300:]}"))
+    else:
+        print(json.dumps(""))
 """
 
 
