@@ -2,10 +2,13 @@
 
 Its jobs' ``run:`` steps execute in order with bash, in a fresh clone of a team repository made
 by ``init``, with GitHub's step semantics (a step runs after a failure only under ``always()``;
-``$GITHUB_OUTPUT`` feeds ``steps.<id>.outputs``). perfsuite is installed by the workflow's own
-install step, from a wheelhouse with no index, into a virtual environment that reaches the
-runner's packages through ``--system-site-packages``: here a folder standing for the runner's
-Python, which holds this environment's packages (torch, the engines) but not perfsuite.
+``$GITHUB_OUTPUT`` feeds ``steps.<id>.outputs``, ``$GITHUB_ENV`` the later steps' environment).
+perfsuite is installed by the workflow's own install step, from a wheelhouse with no index, into
+a virtual environment kept in the runner's tool cache (outside the workspace checkout cleans)
+that reaches the runner's packages through ``--system-site-packages``: here a folder standing
+for the runner's Python, which holds this environment's packages (torch, the engines) but not
+perfsuite. The install step also runs alone, with a real venv and a tiny wheel: a cleaned
+workspace reuses the kept environment without pip, a changed requirement builds another, once.
 Every ``${{ }}`` expression and ``if:`` the workflow uses must be one this file knows, so a
 changed workflow fails here until its test follows. ``uses:`` steps (checkout, artifacts, the
 baseline pull request) are what the test does around the jobs: it commits the recorded
@@ -22,9 +25,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
+import time
+import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +88,8 @@ RUNNER_OS, RUNNER_ARCH, RUN_ID = "Linux", "X64", "4242"
 EXPRESSIONS: dict[str, Callable[[Context], str]] = {
     "vars.PERFSUITE_WHEELHOUSE": lambda c: c.event.vars.get("PERFSUITE_WHEELHOUSE", ""),
     "vars.PERF_AB_KEYWORD": lambda c: c.event.vars.get("PERF_AB_KEYWORD", ""),
+    "vars.PERF_MIN_EFFECT": lambda c: c.event.vars.get("PERF_MIN_EFFECT", ""),
+    "vars.PERF_AB_MAX_PAIRS": lambda c: c.event.vars.get("PERF_AB_MAX_PAIRS", ""),
     "github.event_name == 'pull_request' && 'pr' || 'nightly'": lambda c: (
         "pr" if c.event.name == "pull_request" else "nightly"
     ),
@@ -146,16 +154,19 @@ def run_job(repo: Path, workflow: Mapping[str, Any], job: str, event: Event, env
 
 
 def _run_step(repo: Path, step: Mapping[str, Any], index: int, ctx: Context) -> Step:
-    out = repo.parent / f"step-{index}.out"
+    out, exported = repo.parent / f"step-{index}.out", repo.parent / f"step-{index}.env"
     out.write_text("")
+    exported.write_text("")
     env = {**ctx.env, **{k: expand(str(v), ctx) for k, v in step.get("env", {}).items()}}
-    env.update(GITHUB_OUTPUT=str(out), GITHUB_STEP_SUMMARY=str(repo.parent / "summary.md"), GITHUB_ACTIONS="true")
+    env.update(GITHUB_OUTPUT=str(out), GITHUB_ENV=str(exported), GITHUB_STEP_SUMMARY=str(repo.parent / "summary.md"),
+               GITHUB_ACTIONS="true")  # fmt: skip
     script = expand(step["run"], ctx)
     done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     if "id" in step:
         lines = [line.split("=", 1) for line in out.read_text().splitlines() if "=" in line]
         ctx.outputs[step["id"]] = dict(lines)
+    ctx.env.update(dict(line.split("=", 1) for line in exported.read_text().splitlines() if "=" in line))
     ctx.failed |= done.returncode != 0
     return Step(step.get("name", step["run"][:40]), done.returncode == 0, done.stdout + done.stderr)
 
@@ -178,7 +189,9 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def runner_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder standing for the runner's Python: this Python's base interpreter as ``python3`` on
     PATH, whose site-packages (what --system-site-packages reaches) hold this environment's
-    packages but not perfsuite."""
+    packages but not perfsuite. Its ``python3 -m venv`` makes the venv with a .pth adding those
+    site-packages, as --system-site-packages would, and without a pip of its own: Python 3.11's
+    ensurepip would also put its old setuptools in front of the runner's, which torch refuses."""
     root = tmp_path_factory.mktemp("runner")
     site = root / "site-packages"
     site.mkdir()
@@ -187,7 +200,18 @@ def runner_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if "perfsuite" not in entry.name.lower():
             (site / entry.name).symlink_to(entry)
     (root / "bin").mkdir()
-    (root / "bin" / "python3").symlink_to(Path(sys._base_executable).resolve())  # type: ignore[attr-defined]
+    base = Path(sys._base_executable).resolve()  # type: ignore[attr-defined]
+    (root / "bin" / "python3").write_text(f"""#!/bin/bash
+if [ "$1 $2" = "-m venv" ]; then
+  venv="${{!#}}"
+  "{base}" -m venv --without-pip "$venv"
+  purelib=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "{site}" > "$purelib/runner-system-site.pth"
+else
+  exec "{base}" "$@"
+fi
+""")
+    (root / "bin" / "python3").chmod(0o755)
     return root
 
 
@@ -202,24 +226,14 @@ def team(tmp_path: Path, runner_python: Path, wheelhouse: Path) -> tuple[Path, d
     git(tmp_path, "clone", "-q", "--bare", str(seed), str(remote))
     repo.parent.mkdir()
     git(tmp_path, "clone", "-q", str(remote), str(repo))
-    _prepare_venv(repo / ".perf-venv", runner_python)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_"))}
     env.update(PATH=f"{runner_python / 'bin'}:{os.environ['PATH']}", PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
+               RUNNER_TOOL_CACHE=str(tmp_path / "runner" / "tool-cache"),
                PYTEST_ADDOPTS="--perf-op-profiles=off --perf-profile=cpu", GIT_AUTHOR_NAME="ci",
                GIT_AUTHOR_EMAIL="ci@example.com", GIT_COMMITTER_NAME="ci", GIT_COMMITTER_EMAIL="ci@example.com")  # fmt: skip
     env.pop("GITHUB_ACTIONS", None)
     workflow = yaml.safe_load((repo / ".github" / "workflows" / "perf.yml").read_text())
     return repo, env, {"workflow": workflow, "vars": {"PERFSUITE_WHEELHOUSE": str(wheelhouse)}}
-
-
-def _prepare_venv(venv: Path, runner_python: Path) -> None:
-    """The venv the install step makes (it keeps one that exists), made first so that a .pth adds the
-    runner's site-packages as --system-site-packages would. Without a pip of its own: Python 3.11's
-    ensurepip would also put its old setuptools in front of the runner's, which torch refuses."""
-    subprocess.run([str(runner_python / "bin" / "python3"), "-m", "venv", "--without-pip", str(venv)], check=True)
-    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    Path(purelib, "runner-system-site.pth").write_text(str(runner_python / "site-packages") + "\n")
 
 
 def job(team: tuple[Path, dict[str, str], dict[str, Any]], name: str, event: str, **inputs: str) -> Ran:
@@ -278,6 +292,7 @@ def test_a_fresh_runner_is_red_until_the_record_job_baselines_are_merged_then_gr
     repo = team[0]
     first = job(team, "gate", "pull_request")
     assert failed(first) == ["Profile"], [s.output[-2000:] for s in first]
+    assert "perfsuite: building" in first[0].output  # the runner's first run builds the environment
     said = first[-1].output
     assert "::error title=perfsuite cpu: not judged::no baselines for profile cpu" in said
     assert "record = bootstrap" in said
@@ -287,6 +302,7 @@ def test_a_fresh_runner_is_red_until_the_record_job_baselines_are_merged_then_gr
     merge(repo, "baselines of cpu")
     green = job(team, "gate", "pull_request")
     assert failed(green) == [], [s.output[-3000:] for s in green]
+    assert "perfsuite: reusing" in recorded[0].output and "perfsuite: reusing" in green[0].output
     assert [s.name for s in green] == [
         "Install perfsuite", "Inductor cache key", "Profile", "Gate", "Job summary and HTML report"
     ]  # fmt: skip
@@ -331,3 +347,92 @@ def test_tiers_a_planted_slowdown_and_the_shared_history(team: Any) -> None:
     assert "example.ddp: regression" in next(s for s in slowed if s.name == "Gate").output
     ran = json.loads((repo / "perf-results.json").read_text())
     assert [r["id"] for r in ran["results"]] == ["example.ddp"]  # the pr tier only
+
+
+def _tiny_wheel(folder: Path, version: str) -> None:
+    """A one-module package's wheel, written by hand: what the install step's pip installs offline."""
+    info = f"tinyperf-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"tinyperf-{version}-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("tinyperf/__init__.py", f"VERSION = {version!r}\n")
+        wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: tinyperf\nVersion: {version}\n")
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        files = ["tinyperf/__init__.py", *(f"{info}/{name}" for name in ("METADATA", "WHEEL", "RECORD"))]
+        wheel.writestr(f"{info}/RECORD", "".join(f"{name},,\n" for name in files))
+
+
+def test_the_environment_outlives_the_cleaned_workspace_and_a_new_requirement_builds_once(tmp_path: Path) -> None:
+    """Every job installs perfsuite by the workflow's one script, which keeps the environment in the
+    runner's tool cache: a second run, after checkout cleaned the workspace, reuses it without pip
+    (pip's own log, PIP_LOG, does not grow); a build cancelled halfway is redone; a new requirement
+    builds another, once, when two jobs on the machine start together. The runner's python3 here is
+    this Python's base interpreter (a real venv, ensurepip included); the requirement a tiny wheel."""
+    init(tmp_path / "team", Model.parse(None), force=False)
+    workflow = yaml.safe_load((tmp_path / "team" / ".github" / "workflows" / "perf.yml").read_text())
+    for name, spec in workflow["jobs"].items():
+        runs = [s.get("run", "") for s in spec["steps"]]
+        used = [i for i, run in enumerate(runs) if "$PERF_VENV" in run]
+        assert used and runs.index('bash -eo pipefail -c "$PERF_INSTALL"') < used[0], name
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").symlink_to(Path(sys._base_executable).resolve())  # type: ignore[attr-defined]
+    wheels, workspace, pip_log = tmp_path / "wheels", tmp_path / "workspace", tmp_path / "pip.log"
+    wheels.mkdir()
+    for version in ("1.0", "2.0"):
+        _tiny_wheel(wheels, version)
+
+    def install(requirement: str, job: str) -> subprocess.Popen[str]:
+        workspace.mkdir(exist_ok=True)
+        (workspace / ".perf-venv").mkdir(exist_ok=True)  # what a run leaves behind, for checkout to clean
+        env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path / "home"),
+               "RUNNER_TOOL_CACHE": str(tmp_path / "tool-cache"), "PERFSUITE_REQUIREMENT": requirement,
+               "PERFSUITE_WHEELHOUSE": str(wheels), "PERF_INSTALL": workflow["env"]["PERF_INSTALL"],
+               "GITHUB_ENV": str(tmp_path / f"{job}.env"), "PIP_NO_INDEX": "1",
+               "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_LOG": str(pip_log)}  # fmt: skip
+        (tmp_path / f"{job}.env").write_text("")
+        step = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("name") == "Install perfsuite")
+        return subprocess.Popen(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], cwd=workspace,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+    def ran(requirement: str, *jobs: str) -> list[tuple[str, Path, float]]:
+        start = time.perf_counter()
+        started = [(job, install(requirement, job)) for job in jobs]
+        done = []
+        for job, process in started:
+            output = process.communicate(timeout=300)[0]
+            seconds = time.perf_counter() - start
+            assert process.returncode == 0, output
+            (line,) = (tmp_path / f"{job}.env").read_text().splitlines()
+            venv = Path(line.removeprefix("PERF_VENV="))
+            version = subprocess.run([str(venv / "bin" / "python"), "-c", "import tinyperf; print(tinyperf.VERSION)"],
+                                     capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+            assert requirement.endswith(version)
+            done.append((output, venv, seconds))
+        return done
+
+    def cleaned() -> None:  # what actions/checkout does to the workspace (git clean -ffdx)
+        shutil.rmtree(workspace)
+
+    [(first, venv, built)] = ran("tinyperf==1.0", "first")
+    assert "perfsuite: building" in first and pip_log.stat().st_size > 0
+    assert venv.is_relative_to(tmp_path / "tool-cache") and not (tmp_path / "home").exists()
+    logged = pip_log.stat().st_size
+    cleaned()
+    [(second, again, reused)] = ran("tinyperf==1.0", "second")
+    assert "perfsuite: reusing" in second and again == venv
+    assert pip_log.stat().st_size == logged  # no pip ran
+    print(f"\ninstall step, measured here: first run {built:.2f} s (built), second {reused:.2f} s (reused)")
+    # A build cancelled before it was marked complete is redone, not trusted.
+    (venv / ".perfsuite-complete").unlink()
+    cleaned()
+    [(redone, _, _)] = ran("tinyperf==1.0", "third")
+    assert "perfsuite: building" in redone and pip_log.stat().st_size > logged
+    # A new requirement: another environment, built by one of two jobs starting together; the other
+    # waits for the lock, then reuses it.
+    cleaned()
+    both = ran("tinyperf==2.0", "a", "b")
+    assert both[0][1] == both[1][1] != venv
+    said = sorted(("perfsuite: building" in o, "perfsuite: reusing" in o) for o, _, _ in both)
+    assert said == [(False, True), (True, False)]
+    kept = {p.name for p in (tmp_path / "tool-cache" / "perfsuite-venvs").iterdir() if p.is_dir()}
+    assert kept == {venv.name, both[0][1].name}

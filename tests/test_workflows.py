@@ -193,3 +193,40 @@ def test_the_plugin_prints_nothing_outside_github_actions(
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     module.pytest_perfsuite_session_finished(config, document)
     assert capsys.readouterr().out == "::error title=perfsuite cpu%3A a.b error::crash\n"
+
+
+def test_the_gpu_workflows_keep_their_environment_outside_the_workspace_checkout_cleans(tmp_path: Path) -> None:
+    """Both GPU workflows' one setup step: .venv links to an environment in the runner's tool cache
+    keyed by pyproject.toml, Python and the workspace, so a cleaned workspace (git clean -ffdx)
+    finds it again with make's stamp in it, and a changed pyproject.toml gets a fresh one. make here
+    is a stand-in that writes the stamp, as the Makefile's setup recipe does last."""
+    (setup,) = {
+        str(next(s for s in steps(name) if s.get("name") == "make setup")["run"])
+        for name in ("gpu-bench.yml", "update-baselines.yml")
+    }
+    (tmp_path / "bin").mkdir()
+    fake_make = "#!/bin/bash\n[ -f .venv/.installed ] && echo kept || { echo built; touch .venv/.installed; }\n"
+    (tmp_path / "bin" / "make").write_text(fake_make)
+    (tmp_path / "bin" / "make").chmod(0o755)
+    (tmp_path / "bin" / "python3").symlink_to(sys.executable)
+    workspace, tool_cache = tmp_path / "workspace", tmp_path / "tool-cache"
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+        "HOME": str(tmp_path / "home"),
+        "RUNNER_TOOL_CACHE": str(tool_cache),
+    }
+
+    def checkout_and_setup(pyproject: str) -> tuple[str, Path]:
+        shutil.rmtree(workspace, ignore_errors=True)  # what checkout's clean leaves: the tracked files
+        workspace.mkdir()
+        (workspace / "pyproject.toml").write_text(pyproject)
+        done = subprocess.run(["bash", "-eo", "pipefail", "-c", setup], cwd=workspace, env=env, capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout.strip(), (workspace / ".venv").resolve()
+
+    said, venv = checkout_and_setup("[project]\nname = 'x'\n")
+    assert said == "built" and venv.parent == tool_cache / "perfsuite-dev-venvs" and (venv / ".installed").is_file()
+    assert checkout_and_setup("[project]\nname = 'x'\n") == ("kept", venv)
+    said, changed = checkout_and_setup("[project]\nname = 'x'\nversion = '2'\n")
+    assert said == "built" and changed != venv and not (tmp_path / "home").exists()
