@@ -5,6 +5,7 @@ torch.compile with every engine that takes it. All torch-free: the pytest side."
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -247,7 +248,17 @@ TRAINER_ZERO3: dict[str, Any] = {
 }
 
 
-def test_a_trainer_config_is_refused_at_collection_naming_each_auto_key() -> None:
+def test_a_trainer_config_is_accepted_and_other_auto_keys_are_refused_naming_each() -> None:
+    # The keys transformers' Trainer fills, the ranks fill the same way (through its own class).
+    assert isinstance(zero(TRAINER_ZERO3).engine_options, ZeroOptions)
+    unknown = {**TRAINER_ZERO3, "activation_checkpointing": {"number_checkpoints": "auto"}}
+    with pytest.raises(ScenarioError, match=r'"auto" for activation_checkpointing.number_checkpoints: transformers'):
+        zero(unknown)
+
+
+def test_without_transformers_every_auto_key_is_refused_at_collection(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
     with pytest.raises(ScenarioError) as refused:
         zero(TRAINER_ZERO3)
     message = str(refused.value)
@@ -255,7 +266,7 @@ def test_a_trainer_config_is_refused_at_collection_naming_each_auto_key() -> Non
              "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.params.warmup_min_lr",
              "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps", "gradient_clipping (the Trainer "
              "uses max_grad_norm)", "zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
-             "zero_optimization.stage3_param_persistence_threshold"]  # fmt: skip
+             "zero_optimization.stage3_param_persistence_threshold", "accelerate is not installed"]  # fmt: skip
     assert all(key in message for key in named), message
     # What perfsuite fills from the scenario is not named: the batch keys and the precision sections.
     assert "train_batch_size" not in message and "bf16.enabled" not in message and "fp16" not in message

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import FAKE_NVML, record_team, require, team_gate
-from test_engine_config import DOCUMENTED_ZERO3
+from test_engine_config import DOCUMENTED_ZERO3, TRAINER_ZERO3
 
 #: A team's optimizer factory and a model of linear blocks (FSDP2 shards them one by one).
 TEAM_PACKAGE = textwrap.dedent(
@@ -106,6 +106,40 @@ def test_a_teams_engine_configuration_trains(pytester: pytest.Pytester) -> None:
     state = {key.split(".")[1]: r["metrics"]["model_state_bytes_per_rank"] for key, r in results.items()}
     # Sharded over 2 ranks: each holds well under a data-parallel rank's model state.
     assert max(state["zero3_documented_config"], state["fsdp2_policy"]) < 0.75 * state["ddp_team_optimizer"], state
+
+
+def trainer_job(config: dict[str, Any]) -> str:
+    return bench(
+        f"""
+        Scenario("jobs", "zero3_trainer_config", {GPT2}, strategy="deepspeed_zero", precision="bf16",
+                 strategy_options={{"config": {config!r}}}, {SHAPE}),
+        """
+    )
+
+
+def test_a_deepspeed_config_written_for_the_hf_trainer_trains_its_auto_values_filled_as_the_trainer_does(
+    pytester: pytest.Pytester,
+) -> None:
+    # "auto" throughout, optimizer and parameters offloaded, as transformers' DeepSpeed docs teach;
+    # torch's AdamW (torch_adam) so that CI compiles no DeepSpeed op: the slow test below does.
+    require("deepspeed")
+    config = json.loads(json.dumps(TRAINER_ZERO3))
+    config["optimizer"]["params"]["torch_adam"] = True
+    (result,) = record_team(pytester, trainer_job(config), passed=1).values()
+    assert result["status"] == "ok" and result["metrics"]["detail"]["materialised"] == "zero.Init"
+
+
+@pytest.mark.slow
+def test_the_trainer_configs_cpu_adam_is_built_before_the_launch_not_under_a_ranks_memory_cap(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No DeepSpeed op built yet (a fresh extensions folder): collection's child builds DeepSpeedCPUAdam
+    # without a memory cap, and the ranks, under their RLIMIT_DATA budget, load it.
+    require("deepspeed")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(pytester.path / "torch-extensions"))
+    (result,) = record_team(pytester, trainer_job(TRAINER_ZERO3), passed=1).values()
+    assert result["status"] == "ok"
+    assert any((pytester.path / "torch-extensions").rglob("cpu_adam*.so"))
 
 
 @pytest.mark.slow

@@ -67,6 +67,11 @@ class StrategyContext:
     graph: str = "eager"
     """The scenario's graph mode; ``compile`` is applied by the strategy, where its engine
     documents it (see :meth:`TorchStrategy.setup`)."""
+    steps: int = 0
+    """The most optimizer steps the run takes (its warmup at most, then the measured ones): what a
+    Trainer would tell its scheduler (DeepSpeed's ``"auto"`` total_num_steps)."""
+    hidden: int = 0
+    """The model's hidden size (0: not declared, a team's own module)."""
 
 
 class Strategy(ABC):

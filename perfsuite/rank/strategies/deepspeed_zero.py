@@ -15,8 +15,11 @@ partitioned as it is constructed, so no rank ever holds the whole model.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
+import types
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -30,7 +33,7 @@ from perfsuite.rank.strategies import steps
 from perfsuite.rank.strategies.base import EngineUnavailable, Strategy, StrategyContext, require
 from perfsuite.spec.engines import ZeroOptions
 from perfsuite.spec.engines.base import OPTIMIZERS
-from perfsuite.spec.engines.deepspeed_config import AUTO, PRECISION_KEYS
+from perfsuite.spec.engines.deepspeed_config import AUTO, PRECISION_KEYS, auto_keys
 
 SHM_COMM_OP = "deepspeed_shm_comm"  # deepspeed.ops.op_builder.cpu.comm.ShareMemCommBuilder.NAME
 ALL_GATHER_DEPRECATION = r"`torch\.distributed\.all_gather_into_tensor` is deprecated"
@@ -152,7 +155,32 @@ def ds_config(ctx: StrategyContext, options: ZeroOptions, model_numel: int) -> d
         section = config.get(key)
         if isinstance(section, dict) and section.get("enabled") == AUTO:
             section["enabled"] = precision == ctx.precision
-    return config
+    return trainer_filled(config, ctx) if auto_keys(config) else config
+
+
+def trainer_filled(config: dict[str, Any], ctx: StrategyContext) -> dict[str, Any]:
+    """A config of the HF Trainer's kind with its "auto" values filled as the Trainer fills them:
+    by transformers' own HfTrainerDeepSpeedConfig, from TrainingArguments' defaults, the scenario's
+    learning rate and batch, the model's hidden size and the run's steps (collection refused the
+    keys it does not fill)."""
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments) if f.init}
+    args = types.SimpleNamespace(
+        **{**defaults, "world_size": ctx.layout.dp, "per_device_train_batch_size": ctx.micro_batch,
+           "gradient_accumulation_steps": ctx.grad_accum, "learning_rate": ctx.lr,
+           "fp16": ctx.precision == "fp16", "bf16": ctx.precision == "bf16"},
+    )  # fmt: skip
+    args.get_warmup_steps = functools.partial(TrainingArguments.get_warmup_steps, args)
+    model = types.SimpleNamespace(config=types.SimpleNamespace(hidden_size=ctx.hidden)) if ctx.hidden else None
+    filled = HfTrainerDeepSpeedConfig(config)
+    try:  # it also registers itself for transformers' from_pretrained, which perfsuite does not want
+        filled.trainer_config_process(args)
+        filled.trainer_config_finalize(args, model, ctx.steps)
+    finally:
+        unset_hf_deepspeed_config()
+    return dict(filled.config)
 
 
 class DeepSpeedZeroStrategy(Strategy):

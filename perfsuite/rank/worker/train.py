@@ -45,6 +45,8 @@ class TrainRunner(Runner):
             layout=spec.layout,
             micro_batch=spec.micro_batch,
             graph=spec.graph,
+            steps=spec.max_warmup_steps + spec.steps,
+            hidden=spec.model.hidden,
         )
 
     def check(self, ctx: WorkerContext) -> None:

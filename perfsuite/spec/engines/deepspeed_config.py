@@ -14,6 +14,7 @@ interpreter (the pytest process never imports torch, which DeepSpeed does).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import subprocess
 import sys
@@ -32,8 +33,9 @@ BATCH_KEYS: Mapping[str, str] = {
 PRECISION_KEYS: Mapping[str, str] = {"fp16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 #: A value DeepSpeed's integrations (transformers' Trainer) fill in themselves.
 AUTO = "auto"
-#: Where the Trainer takes each "auto" it fills from (transformers.integrations.deepspeed,
-#: HfTrainerDeepSpeedConfig): what a team sets instead when perfsuite runs the config without it.
+#: The "auto" values transformers' Trainer fills (transformers.integrations.deepspeed,
+#: HfTrainerDeepSpeedConfig), with where it takes each from. The ranks fill them through that same
+#: class, from TrainingArguments' defaults and the scenario (rank/strategies/deepspeed_zero.py).
 TRAINER_SOURCES: Mapping[str, str] = {
     "optimizer.params.lr": "TrainingArguments.learning_rate",
     "optimizer.params.betas": "adam_beta1, adam_beta2",
@@ -102,17 +104,19 @@ def auto_keys(config: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 
 def check_auto(config: Mapping[str, Any]) -> None:
-    """Refuse a config with "auto" values perfsuite cannot fill, naming each and where the Trainer
-    takes it from: DeepSpeed itself refuses them, inside a rank, after the launch."""
+    """Refuse "auto" values the ranks cannot fill, naming each: those transformers' Trainer does
+    not fill either, and all of them where transformers or accelerate (which its DeepSpeed
+    integration needs) is missing. DeepSpeed itself would refuse them inside a rank."""
     keys = auto_keys(config)
-    if keys:
-        named = ", ".join(f"{key} (the Trainer uses {TRAINER_SOURCES[key]})" if key in TRAINER_SOURCES else key
-                          for key in keys)  # fmt: skip
-        raise OptionError(
-            f'has "auto" for {named}: transformers\' Trainer fills those from its TrainingArguments and '
-            "the model, but perfsuite runs DeepSpeed without the Trainer, so give each a value (the batch "
-            'keys and the precision may stay "auto": perfsuite sets them from the scenario)'
-        )
+    missing = [m for m in ("transformers", "accelerate") if importlib.util.find_spec(m) is None]
+    unfilled = [key for key in keys if key not in TRAINER_SOURCES or missing]
+    if not unfilled:
+        return
+    named = ", ".join(f"{key} (the Trainer uses {TRAINER_SOURCES[key]})" if key in TRAINER_SOURCES else key
+                      for key in unfilled)  # fmt: skip
+    why = (f"{' and '.join(missing)} is not installed, so perfsuite cannot fill them as transformers' Trainer "
+           "does" if missing else "transformers' Trainer does not fill those either")  # fmt: skip
+    raise OptionError(f'has "auto" for {named}: {why}; give each a value')
 
 
 def optimizer_op(config: Mapping[str, Any]) -> str | None:
