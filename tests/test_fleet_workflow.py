@@ -23,6 +23,7 @@ the team's model is red, the tiers select by event, and nightly runs land in the
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -78,6 +79,7 @@ class Ran(list[Step]):
         super().__init__()
         self.env = ctx.env
         self.caches: list[dict[str, str]] = []
+        self.pull_requests: list[dict[str, str]] = []
 
 
 #: What the runner says of itself (``runner.os``, ``runner.arch``), and this run's id.
@@ -90,6 +92,12 @@ EXPRESSIONS: dict[str, Callable[[Context], str]] = {
     "vars.PERF_AB_KEYWORD": lambda c: c.event.vars.get("PERF_AB_KEYWORD", ""),
     "vars.PERF_MIN_EFFECT": lambda c: c.event.vars.get("PERF_MIN_EFFECT", ""),
     "vars.PERF_AB_MAX_PAIRS": lambda c: c.event.vars.get("PERF_AB_MAX_PAIRS", ""),
+    "vars.PERF_BOOTSTRAP_BUDGET": lambda c: c.event.vars.get("PERF_BOOTSTRAP_BUDGET", ""),
+    "steps.record.outputs.status": lambda c: c.outputs.get("record", {}).get("status", ""),
+    "steps.record.outputs.code": lambda c: c.outputs.get("record", {}).get("code", ""),
+    "secrets.PERF_PR_TOKEN || github.token": lambda _: "a-token",
+    "github.server_url": lambda _: "https://github.example",
+    "github.repository": lambda _: "team/repo",
     "github.event_name == 'pull_request' && 'pr' || 'nightly'": lambda c: (
         "pr" if c.event.name == "pull_request" else "nightly"
     ),
@@ -119,6 +127,7 @@ CONDITIONS: dict[str, Callable[[Context, Path], bool]] = {
         c.env.get("PUBLISH") == "true" and _files_exist(r, "perf-history/*/*.json")
     ),
     "always() && hashFiles('perf-results.json') != ''": lambda _, r: (r / "perf-results.json").exists(),
+    "always() && steps.record.outputs.status != ''": lambda c, _: bool(c.outputs.get("record", {}).get("status")),
 }
 
 
@@ -143,6 +152,10 @@ def run_job(repo: Path, workflow: Mapping[str, Any], job: str, event: Event, env
         if "run" not in step:
             if step["uses"].startswith("actions/cache@") and not ctx.failed:
                 done.caches.append({k: expand(str(v), ctx) for k, v in step["with"].items()})
+            if step["uses"].startswith("peter-evans/create-pull-request@") and CONDITIONS[step["if"]](ctx, repo):
+                done.pull_requests.append(
+                    open_pull_request(repo, {k: expand(str(v), ctx) for k, v in step["with"].items()})
+                )
             continue  # uses: the test does what these do
         condition = step.get("if")
         if condition is not None:
@@ -169,6 +182,21 @@ def _run_step(repo: Path, step: Mapping[str, Any], index: int, ctx: Context) -> 
     ctx.env.update(dict(line.split("=", 1) for line in exported.read_text().splitlines() if "=" in line))
     ctx.failed |= done.returncode != 0
     return Step(step.get("name", step["run"][:40]), done.returncode == 0, done.stdout + done.stderr)
+
+
+def open_pull_request(repo: Path, given: Mapping[str, str]) -> dict[str, str]:
+    """What peter-evans/create-pull-request does here: a commit of ``add-paths`` on top of HEAD,
+    force-pushed to ``branch`` (the workspace and its checkout stay as they are)."""
+    index = repo.parent / "pr-index"
+    env = {**os.environ, "GIT_INDEX_FILE": str(index)}
+    run = functools.partial(subprocess.run, cwd=repo, env=env, check=True, capture_output=True, text=True)
+    run(["git", "read-tree", "HEAD"])
+    run(["git", "add", "-A", "--", given["add-paths"].removesuffix("/**")])
+    tree = run(["git", "write-tree"]).stdout.strip()
+    commit = run(["git", "commit-tree", tree, "-p", "HEAD", "-m", given["commit-message"]]).stdout.strip()
+    run(["git", "push", "-q", "-f", "origin", f"{commit}:refs/heads/{given['branch']}"])
+    index.unlink()
+    return {**given, "commit": commit}
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -436,3 +464,52 @@ def test_the_environment_outlives_the_cleaned_workspace_and_a_new_requirement_bu
     assert said == [(False, True), (True, False)]
     kept = {p.name for p in (tmp_path / "tool-cache" / "perfsuite-venvs").iterdir() if p.is_dir()}
     assert kept == {venv.name, both[0][1].name}
+
+
+def checkout(repo: Path) -> None:
+    """What actions/checkout does to a self-hosted runner's workspace before a job: main as pushed,
+    every untracked file gone (git clean -ffdx)."""
+    git(repo, "fetch", "-q", "origin")
+    git(repo, "checkout", "-q", "-f", "main")
+    git(repo, "reset", "-q", "--hard", "origin/main")
+    git(repo, "clean", "-ffdxq")
+
+
+@pytest.mark.slow  # ~3 min: two bootstraps, a gate and a slowed gate, end to end
+def test_a_bootstrap_that_runs_out_of_budget_loses_nothing_and_the_next_run_resumes_it(team: Any) -> None:
+    repo, env, spec = team
+    short = {**spec, "vars": {**spec["vars"], "PERF_BOOTSTRAP_BUDGET": "45s"}}
+    first = job((repo, env, short), "record", "workflow_dispatch", record="bootstrap", keyword="")
+    assert failed(first) == [], [s.output[-3000:] for s in first]
+    record = next(s for s in first if s.name == "Record")
+    assert "bootstrap incomplete" in record.output and "partial baselines" in record.output, record.output[-3000:]
+    (pull,) = first.pull_requests
+    assert pull["branch"] == "perf/baselines-cpu" and "(partial)" in pull["title"]
+    on_branch = git(repo.parent.parent / "origin.git", "ls-tree", "-r", "--name-only", "perf/baselines-cpu")
+    assert "baselines/cpu/bootstrap-state.json" in on_branch.split()
+
+    checkout(repo)  # a later run: the workspace is clean, the partial work is on the branch only
+    second = job(team, "record", "workflow_dispatch", record="bootstrap", keyword="")
+    assert failed(second) == [], [s.output[-3000:] for s in second]
+    assert (
+        "resuming the bootstrap recorded on perf/baselines-cpu" in next(s for s in second if s.name == "Resume").output
+    )
+    record = next(s for s in second if s.name == "Record")
+    assert "bootstrap complete" in record.output and "done in an earlier run" in record.output, record.output[-3000:]
+    (pull,) = second.pull_requests
+    assert "(complete)" in pull["title"]
+    tree = git(repo.parent.parent / "origin.git", "ls-tree", "-r", "--name-only", "perf/baselines-cpu").split()
+    assert "baselines/cpu/example.json" in tree and "baselines/cpu/bootstrap-state.json" not in tree
+
+    checkout(repo)
+    git(repo, "merge", "-q", "--ff-only", pull["commit"])  # the pull request merged
+    git(repo, "push", "-q", "origin", "main")
+    green = job(team, "gate", "pull_request")
+    assert failed(green) == [], [s.output[-3000:] for s in green]
+    model = repo / "perf_models" / "example.py"
+    model.write_text("import time\n" + model.read_text().replace(
+        "        return x + self.mlp(self.norm(x))", "        time.sleep(0.02)\n        return x + self.mlp(self.norm(x))"
+    ))  # fmt: skip
+    git(repo, "commit", "-qam", "a slower block")
+    slowed = job(team, "gate", "pull_request")
+    assert failed(slowed) == ["Gate"], [s.output[-3000:] for s in slowed]
