@@ -16,7 +16,7 @@ the run modes and user code have always imported them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -81,7 +81,8 @@ class PerfSession:
         self.launches = Launches(settings, fingerprint, launcher, progress or Progress(None))
         #: The profiled launches that explain a regression or an OOM, and the stored op profiles.
         self.op_profiles = OpProfiles(settings, self.launches)
-        self.store = BaselineStore(settings.baselines_dir, settings.profile.name)
+        # On cpu, this processor's entries (HardwareProfile.entry_processor): several live side by side.
+        self.store = BaselineStore(settings.baselines_dir, settings.profile.name, self._processor)
         self._stores: dict[str, BaselineStore] = {CURRENT: self.store}
         self.results: dict[str, ScenarioResult] = {}
         self.relations: dict[str, RelationOutcome] = {}
@@ -132,13 +133,19 @@ class PerfSession:
             fingerprint.update(probed, env=env, runtime=self.env_runtime.get(env, {}))
         return fingerprint
 
+    @property
+    def _processor(self) -> Mapping[str, Any] | None:
+        """Whose baseline entries this session reads and records (the machine is the same in every env)."""
+        return self.settings.profile.entry_processor(self.fingerprint)
+
     def env_of(self, scenario: BaseScenario) -> str:
         return scenario.env or CURRENT
 
     def store_for(self, env: str) -> BaselineStore:
         """Baselines of ``env``: its own folder, ``<profile>@<env>``, so stacks never mix."""
         if env not in self._stores:
-            self._stores[env] = BaselineStore(self.settings.baselines_dir, f"{self.profile.name}@{env}")
+            folder = f"{self.profile.name}@{env}"
+            self._stores[env] = BaselineStore(self.settings.baselines_dir, folder, self._processor)
         return self._stores[env]
 
     @functools.cached_property

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from perfsuite.spec import processor as processors
 
 #: Processor fields that make two processors the same one for timing purposes.
-PROCESSOR_FIELDS = ("vendor", "model", "family", "model_number", "stepping", "cores", "features")
+PROCESSOR_FIELDS = processors.PROCESSOR_FIELDS
 #: Card settings that bound a card's speed; a change is named beside the verdict, the card stays judged.
 CARD_SETTINGS = ("power_limit_w", "app_clocks_mhz", "ecc", "nvlinks")
 
@@ -62,7 +62,7 @@ def compare(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> Identity
     old_cpu, new_cpu = recorded.get("processor"), current.get("processor")
     if not isinstance(old_cpu, Mapping):
         unknown.append(("the processor", "processor"))
-    elif isinstance(new_cpu, Mapping) and _key(old_cpu) != _key(new_cpu):
+    elif isinstance(new_cpu, Mapping) and processors.key(old_cpu) != processors.key(new_cpu):
         changes.append(MachineChange("processor", processors.describe(old_cpu), processors.describe(new_cpu)))
     card, unknown_cards = _card_change(_cards(recorded), _cards(current))
     changes += [card] if card is not None else []
@@ -108,10 +108,6 @@ def card_setting_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]
     if "interconnect" in recorded and recorded.get("interconnect") != current.get("interconnect"):
         found.append(f"interconnect {recorded.get('interconnect')} -> {current.get('interconnect')}")
     return found
-
-
-def _key(proc: Mapping[str, Any]) -> tuple[Any, ...]:
-    return tuple(str(proc.get(name)) for name in PROCESSOR_FIELDS)
 
 
 def _cards(fingerprint: Mapping[str, Any]) -> list[Mapping[str, Any]]:

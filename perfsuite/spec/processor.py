@@ -25,6 +25,9 @@ from typing import Any
 
 CPUINFO = Path("/proc/cpuinfo")
 
+#: Processor fields that make two processors the same one for timing purposes.
+PROCESSOR_FIELDS = ("vendor", "model", "family", "model_number", "stepping", "cores", "features")
+
 #: Instruction-set features that change which kernels run (x86 flag names as
 #: Linux spells them; aarch64's ``Features``). Others (sse, aes, ...) are on
 #: every machine that runs torch or never touched by its matmuls.
@@ -80,3 +83,8 @@ def describe(proc: Mapping[str, Any]) -> str:
     numbers = "/".join(str(proc.get(k, "?")) for k in ("family", "model_number", "stepping"))
     features = " ".join(proc.get("features") or []) or "none of the kernel features"
     return f"{proc.get('model')} ({proc.get('vendor')} {numbers}, {proc.get('cores')} cores; {features})"
+
+
+def key(proc: Mapping[str, Any]) -> tuple[str, ...]:
+    """What makes two processors the same one for timing purposes (:data:`PROCESSOR_FIELDS`)."""
+    return tuple(str(proc.get(name)) for name in PROCESSOR_FIELDS)

@@ -176,6 +176,15 @@ class HardwareProfile:
     def backend(self) -> str:
         return "nccl" if self.device == "cuda" else "gloo"
 
+    def entry_processor(self, fingerprint: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The processor whose baseline entry a run on ``fingerprint`` reads and records
+        (:class:`perfsuite.store.baselines.BaselineStore`): its own, where this profile judges timing
+        on the recording processor only (cpu), so that several processors keep their entries side by
+        side; None where it judges timing across processors (GPU profiles: one entry per scenario,
+        the card is what is timed)."""
+        proc = fingerprint.get("processor")
+        return None if self.timed_on_other_processor or not isinstance(proc, Mapping) else proc
+
     @property
     def variant_keys(self) -> tuple[str, ...]:
         """Most specific first: the profile itself, its aliases, then the device kind."""

@@ -9,13 +9,22 @@ group keep every entry. Hand-set keys
 (``tolerances``, ``note`` and anything unknown) survive an update; scenarios the
 run did not measure are left untouched. A corrupt or schema-invalid file raises
 :class:`BaselineError` naming the file and is never rewritten.
+
+Entries per processor: a profile that judges timing on the recording processor only (cpu:
+``HardwareProfile.timed_on_other_processor``) keeps one entry per processor and scenario, so two
+machines of one profile never overwrite each other's. A scenario's first entry stays where a
+version-1 file has it, ``scenarios[id]``; the entries of other processors follow in that
+object's ``other_processors`` list, each a whole entry naming its processor in its fingerprint.
+A file that holds any is written as ``schema_version`` 2, so an older perfsuite refuses it
+rather than re-recording over the first entry; a file without is written as version 1, as
+before. Which entry a run reads and replaces is :func:`slot`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,11 +32,17 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from perfsuite.spec import processor as processors
 from perfsuite.spec.files import atomic_write_json
 from perfsuite.spec.metrics import METRICS
 from perfsuite.spec.workloads.base import OUTCOMES
 
-SCHEMA_VERSION = 1
+#: The version written when a scenario holds entries of several processors; a file without is
+#: written as version 1, which every perfsuite reads.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+#: Key of a scenario's entries recorded on other processors than its first entry's.
+OTHER_PROCESSORS = "other_processors"
 LOCK_TIMEOUT_S = 120.0  # a write holds the lock for milliseconds; this long means a stuck process
 
 
@@ -70,8 +85,9 @@ def _problem(path: Path, where: str, what: str) -> BaselineError:
     )
 
 
-def parse_entry(path: Path, key: str, raw: Any) -> BaselineEntry:
-    where = f"scenarios[{key!r}]"
+def parse_entry(path: Path, key: str, raw: Any, where: str = "") -> BaselineEntry:
+    """One processor's entry (``where``: its place in the file, for the error)."""
+    where = where or f"scenarios[{key!r}]"
     if not isinstance(raw, dict):
         raise _problem(path, where, "must be an object")
     expected = raw.get("expected", "ok")
@@ -95,7 +111,7 @@ def parse_entry(path: Path, key: str, raw: Any) -> BaselineEntry:
     fingerprint = raw.get("fingerprint") or {}
     if not isinstance(fingerprint, dict):  # an update rewrites it as an object
         raise _problem(path, f"{where}.fingerprint", f"must be an object, got {fingerprint!r}")
-    known = {"expected", "metrics", "tolerances", "fingerprint", "note"}
+    known = {"expected", "metrics", "tolerances", "fingerprint", "note", OTHER_PROCESSORS}
     return BaselineEntry(
         expected=expected,
         metrics=metrics,
@@ -119,8 +135,62 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def load_group_file(path: Path) -> dict[str, BaselineEntry]:
-    """Entries of one group file; an absent file is an empty group."""
+def parse_scenario(path: Path, key: str, raw: Any) -> tuple[BaselineEntry, ...]:
+    """Every processor's entry of one scenario, its first entry first. Each entry in
+    ``other_processors`` must name its processor, and no two entries the same one: which
+    would judge the run would otherwise be a guess."""
+    first = parse_entry(path, key, raw)
+    others = raw.get(OTHER_PROCESSORS, [])
+    where = f"scenarios[{key!r}].{OTHER_PROCESSORS}"
+    if not isinstance(others, list):
+        raise _problem(path, where, "must be a list of entries, one per processor")
+    entries = [first]
+    for n, other in enumerate(others):
+        entry = parse_entry(path, key, other, f"{where}[{n}]")
+        if OTHER_PROCESSORS in entry.extra or not isinstance(processor_of(entry), Mapping):
+            raise _problem(path, f"{where}[{n}]", "must be one processor's entry, naming it in fingerprint.processor")
+        if any(_same(processor_of(e), processor_of(entry)) for e in entries):
+            raise _problem(path, f"{where}[{n}]", "was recorded on a processor another entry of the scenario has")
+        entries.append(entry)
+    return tuple(entries)
+
+
+def processor_of(entry: BaselineEntry) -> Mapping[str, Any] | None:
+    """The processor an entry was recorded on (None: recorded before perfsuite kept it)."""
+    proc = entry.fingerprint.get("processor")
+    return proc if isinstance(proc, Mapping) else None
+
+
+def slot(entries: Sequence[BaselineEntry], processor: Mapping[str, Any] | None) -> int | None:
+    """Which of a scenario's entries is ``processor``'s: the one a run there is judged against in
+    full and the one its recording replaces. That processor's own entry, else an entry that
+    names no processor (recorded before perfsuite kept it: it may be this one's), else None (a
+    recording adds an entry beside the others). ``processor`` None (a profile that judges timing
+    across processors) is the first entry, the scenario's one."""
+    if processor is None:
+        return 0 if entries else None
+    procs = [processor_of(entry) for entry in entries]
+    same = [n for n, proc in enumerate(procs) if _same(proc, processor)]
+    unknown = [n for n, proc in enumerate(procs) if proc is None]
+    found = same or unknown
+    return found[0] if found else None
+
+
+def _same(one: Mapping[str, Any] | None, other: Mapping[str, Any] | None) -> bool:
+    return one is not None and other is not None and processors.key(one) == processors.key(other)
+
+
+def chosen(entries: Sequence[BaselineEntry], processor: Mapping[str, Any] | None) -> BaselineEntry | None:
+    """The entry that judges a run on ``processor``: its own (timing and memory), else the first
+    entry, recorded on another processor, which judges memory and exact bytes only (the profile
+    says so: ``other_machine``, :mod:`perfsuite.judge.judging`). The first rather than the newest,
+    so which processor's memory a row is held to does not change with each recording."""
+    at = slot(entries, processor)
+    return entries[0 if at is None else at] if entries else None
+
+
+def load_group(path: Path) -> dict[str, tuple[BaselineEntry, ...]]:
+    """Every processor's entries per scenario of one group file; an absent file is an empty group."""
     if not path.exists():
         return {}
     try:
@@ -129,32 +199,63 @@ def load_group_file(path: Path) -> dict[str, BaselineEntry]:
         raise _problem(path, "content", f"is not valid JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise _problem(path, "top level", "must be an object")
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        raise _problem(path, "schema_version", f"must be {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
+    if doc.get("schema_version") not in READABLE_VERSIONS:
+        raise _problem(
+            path,
+            "schema_version",
+            f"must be one of {READABLE_VERSIONS} (a newer perfsuite wrote it?), got {doc.get('schema_version')!r}",
+        )
     scenarios = doc.get("scenarios")
     if not isinstance(scenarios, dict):
         raise _problem(path, "scenarios", "must be an object mapping scenario ids to entries")
-    return {key: parse_entry(path, key, raw) for key, raw in scenarios.items()}
+    return {key: parse_scenario(path, key, raw) for key, raw in scenarios.items()}
+
+
+def load_group_file(path: Path) -> dict[str, BaselineEntry]:
+    """Each scenario's first entry in one group file (every processor's: :func:`load_group`)."""
+    return {key: entries[0] for key, entries in load_group(path).items()}
 
 
 class BaselineStore:
-    """Baselines of one profile; group files are read once and cached."""
+    """Baselines of one profile; group files are read once and cached.
 
-    def __init__(self, root: Path, profile: str) -> None:
+    ``processor``: this run's, where the profile keeps an entry per processor
+    (``HardwareProfile.entry_processor``): reads give its entry where there is one (:func:`chosen`)
+    and a recording replaces only its entry. None: each scenario's first entry, the only one on a
+    profile that judges timing across processors (and what tools that judge nothing read).
+    """
+
+    def __init__(self, root: Path, profile: str, processor: Mapping[str, Any] | None = None) -> None:
         self.folder = root / profile
         self.profile = profile
-        self._cache: dict[str, dict[str, BaselineEntry]] = {}
+        self.processor = processor
+        self._cache: dict[str, dict[str, tuple[BaselineEntry, ...]]] = {}
 
     def path(self, group: str) -> Path:
         return self.folder / f"{group}.json"
 
-    def group(self, group: str) -> dict[str, BaselineEntry]:
+    def _entries(self, group: str) -> dict[str, tuple[BaselineEntry, ...]]:
         if group not in self._cache:
-            self._cache[group] = load_group_file(self.path(group))
+            self._cache[group] = load_group(self.path(group))
         return self._cache[group]
 
+    def group(self, group: str) -> dict[str, BaselineEntry]:
+        """Each scenario's entry for this store's processor (:func:`chosen`)."""
+        found = {key: chosen(entries, self.processor) for key, entries in self._entries(group).items()}
+        return {key: entry for key, entry in found.items() if entry is not None}
+
     def get(self, group: str, scenario_id: str) -> BaselineEntry | None:
-        return self.group(group).get(scenario_id)
+        return chosen(self.entries(group, scenario_id), self.processor)
+
+    def own(self, group: str, scenario_id: str) -> BaselineEntry | None:
+        """The entry a recording here replaces (:func:`slot`); None where this processor has none."""
+        entries = self.entries(group, scenario_id)
+        at = slot(entries, self.processor)
+        return None if at is None else entries[at]
+
+    def entries(self, group: str, scenario_id: str) -> tuple[BaselineEntry, ...]:
+        """Every processor's entry of one scenario, its first entry first."""
+        return self._entries(group).get(scenario_id, ())
 
     def record(
         self,
@@ -171,15 +272,19 @@ class BaselineStore:
 
         ``tolerances`` (from calibration) are merged over the stored ones. The
         file is re-read under its lock, so entries another run wrote since this
-        one read the group are kept. ``merge`` (stored entry, new entry) gives the
+        one read the group are kept. Only this store's processor's entry is replaced
+        (:func:`slot`; where it has none, one is added beside the others): other processors'
+        entries are written back as they are on disk. ``merge`` (stored entry, new entry) gives the
         entry to write, under that lock: a calibration pooled with the machines the
         stored one holds (:mod:`perfsuite.judge.trustworthy`).
         """
         path = self.path(group)
         try:
             with FileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S):
-                entries = load_group_file(path)  # raises on a corrupt file: never overwrite it
-                old = entries.get(scenario_id)
+                groups = load_group(path)  # raises on a corrupt file: never overwrite it
+                entries = list(groups.get(scenario_id, ()))
+                at = slot(entries, self.processor)
+                old = entries[at] if at is not None else None
                 entry = BaselineEntry(
                     expected=expected,
                     metrics=metrics,
@@ -189,8 +294,12 @@ class BaselineStore:
                     extra={**(old.extra if old else {}), **(extra or {}), "recorded_at": _now()},
                 )
                 entry = merge(old, entry) if merge else entry
-                entries[scenario_id] = entry
-                self._write(group, entries)
+                if at is None:
+                    entries.append(entry)  # a processor new to this scenario: beside the others
+                else:
+                    entries[at] = entry
+                groups[scenario_id] = tuple(entries)
+                self._write(group, groups)
         except Timeout:
             raise BaselineError(
                 f"baseline file {path}: another process has held {path}.lock for {LOCK_TIMEOUT_S:.0f} s; "
@@ -201,17 +310,24 @@ class BaselineStore:
                 f"baseline file {path}: cannot write it ({exc.strerror or exc}); the file on disk is "
                 "unchanged. Free space or fix the folder's permissions, then rerun with --perf-update-baselines"
             ) from None
-        self._cache[group] = entries
+        self._cache[group] = groups
         return entry
 
-    def _write(self, group: str, entries: Mapping[str, BaselineEntry]) -> None:
+    def _write(self, group: str, groups: Mapping[str, Sequence[BaselineEntry]]) -> None:
+        several = any(len(entries) > 1 for entries in groups.values())
         doc = {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": SCHEMA_VERSION if several else 1,
             "profile": self.profile,
             "group": group,
-            "scenarios": {key: entries[key].to_json() for key in sorted(entries)},
+            "scenarios": {key: scenario_json(groups[key]) for key in sorted(groups)},
         }
         atomic_write_json(self.path(group), doc)
+
+
+def scenario_json(entries: Sequence[BaselineEntry]) -> dict[str, Any]:
+    """A scenario's entries as stored: the first at the top, the others' in ``other_processors``."""
+    first, *others = entries
+    return {**first.to_json(), **({OTHER_PROCESSORS: [e.to_json() for e in others]} if others else {})}
 
 
 def _now() -> str:

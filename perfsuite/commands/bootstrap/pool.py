@@ -7,8 +7,11 @@ entry there carries its machine's launches (:mod:`perfsuite.judge.trustworthy`);
 ones the local entry holds, and the entry's mean, tolerances and calibration data are computed
 again from all of them. Every input is checked before anything is written: a missing file,
 another profile, a scenario whose definition differs from the local baseline's, or (where the
-profile judges timing on the recording processor only) another processor stops the command,
-naming the file and what to do. Pytest side, torch-free.
+profile judges timing on the recording processor only) sources of several processors in one
+entry stop the command, naming the file and what to do. On such a profile (cpu) an input's
+calibration pools into the local entry of its own processor, or becomes that processor's entry
+beside the others (:mod:`perfsuite.store.baselines`); no other processor's entry is touched.
+Pytest side, torch-free.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 from perfsuite.judge import definition, trustworthy
 from perfsuite.launch import identity
-from perfsuite.store.baselines import BaselineEntry, BaselineError, BaselineStore, load_group_file, parse_entry
+from perfsuite.store.baselines import BaselineEntry, BaselineError, BaselineStore, load_group, parse_entry
 
 
 class PoolError(Exception):
@@ -57,9 +60,9 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
     try:
         found = [f for path in ns.pool for f in read_input(path)]
         profile = chosen_profile(found, ns.profile, ns.pool)
-        store = BaselineStore(ns.into, profile)
-        plan = planned(found, profile, store)
-        for (group, scenario), items in plan.items():
+        plan = planned(found, profile, ns.into)
+        for (group, scenario, _), items in plan.items():
+            store = BaselineStore(ns.into, profile, entry_processor(items[0]))
             print(pool_one(store, group, scenario, items), flush=True)
     except (PoolError, BaselineError) as exc:
         raise SystemExit(f"perfsuite calibrate --pool: {exc}") from None
@@ -86,8 +89,8 @@ def _entries(path: Path, explicit: bool) -> Iterator[Found]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PoolError(f"{path}: cannot be read as JSON ({exc}); bring the file back whole") from None
     if isinstance(doc, dict) and "scenarios" in doc:
-        for key, entry in load_group_file(path).items():
-            if trustworthy.sources_of(entry):
+        for key, entries in load_group(path).items():
+            for entry in (e for e in entries if trustworthy.sources_of(e)):  # every processor's
                 yield Found(path, str(doc.get("profile")), str(doc.get("group")), key, entry)
     elif isinstance(doc, dict) and isinstance(doc.get("results"), list):
         for result in doc["results"]:
@@ -113,13 +116,25 @@ def chosen_profile(found: Sequence[Found], asked: str | None, inputs: Sequence[P
     return profile
 
 
-def planned(found: Sequence[Found], profile: str, store: BaselineStore) -> dict[tuple[str, str], list[Found]]:
-    """The inputs' entries per scenario, each checked against the local baseline it is pooled into."""
-    plan: dict[tuple[str, str], list[Found]] = {}
+def entry_processor(item: Found) -> Mapping[str, Any] | None:
+    """The processor whose local entry an input's calibration pools into: its own where its profile
+    judges timing on the recording processor only (its calibration says so), else None (the one entry)."""
+    facts = trustworthy.Facts.of(item.entry.extra.get(trustworthy.CALIBRATION) or {})
+    proc = item.entry.fingerprint.get("processor")
+    return None if facts.across_processors or not isinstance(proc, Mapping) else proc
+
+
+def planned(found: Sequence[Found], profile: str, root: Path) -> dict[tuple[str, str, str], list[Found]]:
+    """The inputs' entries per scenario and local entry (processor), each checked against the
+    local baseline it is pooled into."""
+    plan: dict[tuple[str, str, str], list[Found]] = {}
     for item in (f for f in found if f.profile == profile):
-        plan.setdefault((item.group, item.scenario), []).append(item)
-    for (group, scenario), items in plan.items():
-        base = store.get(group, scenario) or items[0].entry
+        proc = entry_processor(item)
+        key = identity.processor_text({"processor": proc}) if proc is not None else ""
+        plan.setdefault((item.group, item.scenario, key), []).append(item)
+    for (group, scenario, _), items in plan.items():
+        store = BaselineStore(root, profile, entry_processor(items[0]))
+        base = store.own(group, scenario) or items[0].entry
         for item in items:
             check(item, base, store.path(group))
     return plan
@@ -127,7 +142,8 @@ def planned(found: Sequence[Found], profile: str, store: BaselineStore) -> dict[
 
 def check(item: Found, base: BaselineEntry, local: Path) -> None:
     """Refuse an entry measured for another scenario definition, or (where timing is judged on the
-    recording processor only) on another processor than the local baseline's."""
+    recording processor only) with sources from another processor than the local entry it pools
+    into, which is that processor's own (a mixed entry: :func:`entry_processor`)."""
     changed = definition.changes(base.extra.get("definition") or {}, item.entry.extra.get("definition") or {})
     if changed:
         raise PoolError(f"{item.path}: {item.scenario} was calibrated for another definition than {local} holds "
@@ -143,7 +159,7 @@ def check(item: Found, base: BaselineEntry, local: Path) -> None:
 
 def pool_one(store: BaselineStore, group: str, scenario: str, items: Sequence[Found]) -> str:
     """Merge the inputs' sources into the local entry, under its file's lock; one line saying what came out."""
-    base = store.get(group, scenario) or items[0].entry
+    base = store.own(group, scenario) or items[0].entry
     incoming = [s for item in items for s in trustworthy.sources_of(item.entry)]
     facts = trustworthy.Facts.of(items[-1].entry.extra.get(trustworthy.CALIBRATION) or {})
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -66,9 +66,11 @@ class Stores:
 
     root: Path
     profile: str
+    #: This machine's processor where the profile keeps an entry per processor (``HardwareProfile.entry_processor``).
+    processor: Mapping[str, Any] | None = None
 
     def __call__(self) -> BaselineStore:
-        return BaselineStore(self.root, self.profile)
+        return BaselineStore(self.root, self.profile, self.processor)
 
 
 def say(text: str) -> None:
@@ -107,7 +109,7 @@ def run(options: Options) -> int:
     warm.share_with_children()  # every step's pytest forks its launches from one parent per import set
     fingerprint, profile, scenarios = _machine(options)
     # A fresh store for every read: a BaselineStore caches group files, and the steps rewrite them.
-    store = Stores(options.baselines, profile.name)
+    store = Stores(options.baselines, profile.name, profile.entry_processor(fingerprint))
     costs_path = options.baselines / profile.name / FILENAME
     costs = Costs.load(costs_path, profile.device)
     plan = build_plan(options, fingerprint, profile, scenarios, costs, store())
