@@ -243,11 +243,20 @@ fi
     return root
 
 
+#: A team's own root conftest.py, there before ``init`` (which keeps it and appends its note).
+OWN_CONFTEST = "import pytest\n\n\n@pytest.fixture\ndef team_fixture():\n    return 42\n"
+
+
 @pytest.fixture
-def team(tmp_path: Path, runner_python: Path, wheelhouse: Path) -> tuple[Path, dict[str, str], dict[str, Any]]:
-    """A fresh clone of a team repository ``init`` set up, its remote, and the runner's environment."""
+def team(
+    tmp_path: Path, runner_python: Path, wheelhouse: Path, request: pytest.FixtureRequest
+) -> tuple[Path, dict[str, str], dict[str, Any]]:
+    """A fresh clone of a team repository ``init`` set up (over its own conftest.py when the test is
+    parametrized with ``own_conftest``), its remote, and the runner's environment."""
     seed, remote, repo = tmp_path / "seed", tmp_path / "origin.git", tmp_path / "runner" / "repo"
     git(tmp_path, "init", "-q", "-b", "main", str(seed))
+    if getattr(request, "param", None) == "own_conftest":
+        (seed / "conftest.py").write_text(OWN_CONFTEST)
     init(seed, Model.parse(None), force=False)
     git(seed, "add", "-A")
     git(seed, "-c", "user.name=team", "-c", "user.email=team@example.com", "commit", "-q", "-m", "perfsuite init")
@@ -476,8 +485,10 @@ def checkout(repo: Path) -> None:
 
 
 @pytest.mark.slow  # ~3 min: two bootstraps, a gate and a slowed gate, end to end
+@pytest.mark.parametrize("team", ["own_conftest"], indirect=True)  # init over a team's own conftest.py
 def test_a_bootstrap_that_runs_out_of_budget_loses_nothing_and_the_next_run_resumes_it(team: Any) -> None:
     repo, env, spec = team
+    assert (repo / "conftest.py").read_text().startswith(OWN_CONFTEST)
     short = {**spec, "vars": {**spec["vars"], "PERF_BOOTSTRAP_BUDGET": "45s"}}
     first = job((repo, env, short), "record", "workflow_dispatch", record="bootstrap", keyword="")
     assert failed(first) == [], [s.output[-3000:] for s in first]
