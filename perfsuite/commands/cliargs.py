@@ -56,21 +56,21 @@ def levels(text: str) -> tuple[float, ...]:
 
 def probability(text: str) -> float:
     """A number strictly between 0 and 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
-    return value
+    return _number_in(text, 1, f"{text!r} is not a number", "must be between 0 and 1")
 
 
 def fraction(text: str) -> float:
     """A slowdown fraction above 0, such as a minimum effect (``0.02``; ``2%`` is refused as ambiguous)."""
+    return _number_in(text, 10, f"{text!r}: give a fraction, e.g. 0.02 for a 2% slowdown",
+                      "must be a slowdown fraction above 0 (0.02 = 2%)")  # fmt: skip
+
+
+def _number_in(text: str, below: float, not_a_number: str, out_of_range: str) -> float:
+    """``text`` as a number strictly between 0 and ``below``, or a usage error in the option's words."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction, e.g. 0.02 for a 2% slowdown") from None
-    if not 0 < value < 10:
-        raise argparse.ArgumentTypeError(f"must be a slowdown fraction above 0 (0.02 = 2%), got {value}")
+        raise argparse.ArgumentTypeError(not_a_number) from None
+    if not 0 < value < below:
+        raise argparse.ArgumentTypeError(f"{out_of_range}, got {value}")
     return value
