@@ -380,7 +380,7 @@ def test_tiers_a_planted_slowdown_and_the_shared_history(team: Any) -> None:
     model.write_text("import time\n" + model.read_text())
     git(repo, "commit", "-qam", "a slower block")
     slowed = job(team, "gate", "pull_request")
-    assert failed(slowed) == ["Gate"], [s.output[-3000:] for s in slowed]
+    assert failed(slowed) == ["Gate"], [s.output[-6000:] for s in slowed if s.name == "Gate"]
     assert "example.ddp: regression" in next(s for s in slowed if s.name == "Gate").output
     ran = json.loads((repo / "perf-results.json").read_text())
     assert [r["id"] for r in ran["results"]] == ["example.ddp"]  # the pr tier only
@@ -518,9 +518,12 @@ def test_a_bootstrap_that_runs_out_of_budget_loses_nothing_and_the_next_run_resu
     green = job(team, "gate", "pull_request")
     assert failed(green) == [], [s.output[-3000:] for s in green]
     model = repo / "perf_models" / "example.py"
+    # A blocking host call in every block's forward, well beyond cpu's 40% tolerance (0.02 s, as the
+    # tiers test plants, read about 40% slower after a bootstrap's calibration: caught in 3 runs of 5).
     model.write_text("import time\n" + model.read_text().replace(
-        "        return x + self.mlp(self.norm(x))", "        time.sleep(0.02)\n        return x + self.mlp(self.norm(x))"
+        "        return x + self.mlp(self.norm(x))", "        time.sleep(0.1)\n        return x + self.mlp(self.norm(x))"
     ))  # fmt: skip
     git(repo, "commit", "-qam", "a slower block")
     slowed = job(team, "gate", "pull_request")
-    assert failed(slowed) == ["Gate"], [s.output[-3000:] for s in slowed]
+    assert failed(slowed) == ["Gate"], [s.output[-6000:] for s in slowed if s.name == "Gate"]
+    assert "example.ddp: regression" in next(s for s in slowed if s.name == "Gate").output
