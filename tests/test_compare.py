@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from perfsuite.__main__ import main
-from perfsuite.commands.compare import welch_interval
 from perfsuite.judge.compare import (
     MetricCheck,
     check_metric,
     judge_metrics,
     judge_outcome,
     resolve_tolerances,
+    welch_interval,
 )
 from perfsuite.judge.stats import ScenarioMetrics, Summary
 from perfsuite.store.baselines import BaselineEntry

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perfsuite.judge.compare import welch_interval
 from perfsuite.judge.stats import Summary
 from perfsuite.launch import identity
 from perfsuite.reports.html import results as res
@@ -96,24 +97,6 @@ class Change:
         if found is None or not self.old.mean:
             return None
         return found[0] / self.old.mean, found[1] / self.old.mean
-
-
-def welch_interval(old: Summary, new: Summary, confidence: float) -> tuple[float, float] | None:
-    """Welch's t-interval of NEW's mean less OLD's, from each side's mean, std and count: the two
-    runs' spreads need not match (another machine, another night), so no pooled variance. Steps
-    count as independent samples, as the gate's Welch test counts them. None where a side has
-    fewer than 2 samples."""
-    if old.n < 2 or new.n < 2:
-        return None
-    from scipy.stats import t  # here: every pytest start would pay its import otherwise
-
-    a, b = old.std**2 / old.n, new.std**2 / new.n
-    diff = new.mean - old.mean
-    if a + b == 0:
-        return diff, diff
-    df = (a + b) ** 2 / (a**2 / (old.n - 1) + b**2 / (new.n - 1))  # Welch-Satterthwaite
-    half = float(t.ppf((1 + confidence) / 2, df)) * math.sqrt(a + b)
-    return diff - half, diff + half
 
 
 @dataclass(frozen=True)
