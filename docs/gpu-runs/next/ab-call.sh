@@ -11,20 +11,10 @@
 #   - microbench.device_copy, 2 trials a level, at most 230 s;
 #   - mixed_precision.amp, 1 trial a level, at most 230 s.
 # At most 8 files come back from $OUT: everything is packed into ab.tar.gz beside ab.log.
-set -u
-export PYTHONUNBUFFERED=1
-KIT=${KIT:-.kit}
-OUT=${OUT:-build/ab-call-out}
-work=build/ab-call
-mkdir -p "$OUT" "$work"
-exec > >(tee -a "$OUT/ab.log") 2>&1
-start=$(date +%s)
-stage() { echo "== $1 at $(( $(date +%s) - start ))s"; }
-
-nvidia-smi --query-gpu=name,uuid,serial,pci.bus_id,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv
-prefix=$(mktemp -d /tmp/kit.XXXXXX)
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$prefix" "$KIT"/*.whl || exit 1
-export PYTHONPATH="$prefix${PYTHONPATH:+:$PYTHONPATH}"
+name=ab-call
+log=ab.log
+# shellcheck source=docs/gpu-runs/next/call-start.sh
+source docs/gpu-runs/next/call-start.sh
 twin=(--ab current,twin --perf-env "twin=$(command -v python3)" --perf-min-effect=0.02 --levels 0,2)
 
 stage "1 device copy"

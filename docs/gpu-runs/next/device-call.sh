@@ -19,21 +19,11 @@
 #     breakdown (docs/lab/launch-overhead.md). A warm launch that crashes naming CUDA re-initialisation,
 #     or starts `fork` with a note, means the parent touched CUDA: the note says how.
 # At most 8 files come back from $OUT: everything is packed into call.tar.gz beside call.log.
-set -u
-export PYTHONUNBUFFERED=1
+name=device-call
+log=call.log
+# shellcheck source=docs/gpu-runs/next/call-start.sh
+source docs/gpu-runs/next/call-start.sh
 here=docs/gpu-runs/next
-KIT=${KIT:-.kit}
-OUT=${OUT:-build/device-call-out}
-work=build/device-call
-mkdir -p "$OUT" "$work"
-exec > >(tee -a "$OUT/call.log") 2>&1
-start=$(date +%s)
-stage() { echo "== $1 at $(( $(date +%s) - start ))s"; }
-
-nvidia-smi --query-gpu=name,uuid,serial,pci.bus_id,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv
-prefix=$(mktemp -d /tmp/kit.XXXXXX)
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$prefix" "$KIT"/*.whl || exit 1
-export PYTHONPATH="$prefix${PYTHONPATH:+:$PYTHONPATH}"
 python3 -m perfsuite doctor --no-smoke > "$work/doctor.txt" 2>&1
 grep -E "^profile|engine|megatron|deepspeed|fairscale" "$work/doctor.txt" | head -20
 
