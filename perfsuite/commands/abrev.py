@@ -62,11 +62,16 @@ class Settings:
     max_pairs: int = sequential.MAX_PAIRS
     budget_s: float | None = None
     """No new pair after this long (seconds since the first)."""
+    alpha: float = sequential.ALPHA
+    """How often ``regression`` may be said at no slowdown."""
 
     def __post_init__(self) -> None:
-        sequential.Design(self.min_effect or CPU.min_effect, max_pairs=self.max_pairs)  # its errors name the field
+        self.design(self.min_effect or CPU.min_effect)  # its errors name the field
         if self.budget_s is not None and not self.budget_s > 0:
             raise ValueError(f"budget_s must be positive seconds, got {self.budget_s!r}")
+
+    def design(self, min_effect: float) -> sequential.Design:
+        return sequential.Design(min_effect, alpha=self.alpha, max_pairs=self.max_pairs)
 
 
 @dataclass(frozen=True)
@@ -177,8 +182,7 @@ def ab_trees(base: Path, candidate: Path, settings: Settings, scratch: Path,
 
 def _trial(scenario_id: str, settings: Settings, runs: Mapping[str, SideRun]) -> Trial:
     effect = settings.min_effect or runs[CANDIDATE].min_effects.get(scenario_id) or CPU.min_effect
-    design = sequential.Design(effect, max_pairs=settings.max_pairs)
-    return Trial(scenario_id, (METRIC,), BASE, CANDIDATE, design, {METRIC: 0.0})
+    return Trial(scenario_id, (METRIC,), BASE, CANDIDATE, settings.design(effect), {METRIC: 0.0})
 
 
 def add_parser(commands: Any) -> None:
@@ -205,7 +209,20 @@ def add_design_options(parser: argparse.ArgumentParser) -> None:
                         help=f"most base/candidate pairs before a scenario is undecided (default {sequential.MAX_PAIRS})")  # fmt: skip
     parser.add_argument("--budget", type=duration, metavar="DURATION",
                         help="start no pair after this long, e.g. 20m (undecided where nothing decided)")  # fmt: skip
+    parser.add_argument("--alpha", type=_rate, default=sequential.ALPHA, metavar="RATE",
+                        help=f"how often it may say regression at no slowdown (default {sequential.ALPHA}); "
+                        "lower needs more pairs to catch a real one")  # fmt: skip
     parser.add_argument("--tolerance", type=_gone, help=argparse.SUPPRESS)
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a rate such as 0.01") from None
+    if not 0 < value < 0.5:
+        raise argparse.ArgumentTypeError(f"must be a rate in (0, 0.5), e.g. 0.01, got {value}")
+    return value
 
 
 def _gone(text: str) -> float:
@@ -216,7 +233,7 @@ def _gone(text: str) -> float:
 
 def settings_of(ns: argparse.Namespace, extra: Sequence[str], candidate_args: Sequence[str] = ()) -> Settings:
     args = (*(["-k", ns.keyword] if ns.keyword else []), *extra)
-    return Settings(tuple(ns.paths), args, tuple(candidate_args), ns.min_effect, ns.max_pairs, ns.budget)
+    return Settings(tuple(ns.paths), args, tuple(candidate_args), ns.min_effect, ns.max_pairs, ns.budget, ns.alpha)
 
 
 def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
