@@ -1,5 +1,5 @@
 """Group collectives: bus bandwidth of all-reduce, all-gather and reduce-scatter
-(nccl-tests' definitions, see perfsuite/spec/workloads/collective.py), NCCL on
+(nccl-tests' definitions, see perfsuite/core/workloads/collective.py), NCCL on
 GPUs and gloo on cpu, at a small message (1 MiB, latency-bound) and a large one
 (1 GiB on GPUs, as far as nccl-tests' usual sweep goes; 16 MiB on cpu).
 

@@ -14,8 +14,7 @@ autocast is bf16, which ORT's CPU backend cannot run (no bf16 MatMul), so ORT +
 AMP runs fp16 autocast there.
 """
 
-from perfsuite import ModelSpec, Relation, Scenario, parametrize, parametrize_relations
-from perfsuite.spec.workloads import Tier
+from perfsuite import ModelSpec, Relation, Scenario, Tier, parametrize, parametrize_relations
 
 BERT_BASE = ModelSpec("bert_cls", layers=12, hidden=768, heads=12, vocab=30522, max_positions=512)
 BERT_TINY = ModelSpec("bert_cls", layers=2, hidden=128, heads=2, vocab=8192, max_positions=128)

@@ -7,7 +7,7 @@ read + written), an elementwise multiply, and one transformer block forward
 and forward+backward at the shapes where the seed's source
 (mli/transformers-benchmarks, fp16) found its figures: BERT-large layer
 batch 128 x seq 128, GPT-2-medium block 64 x 512, T5-large encoder and
-decoder blocks 64 x 512. FLOPs are counted as perfsuite/spec/workloads/microbench.py
+decoder blocks 64 x 512. FLOPs are counted as perfsuite/core/workloads/microbench.py
 says (and each result's config repeats). On GPUs every result carries its
 percentage of the datasheet peak (``metrics.extra.peak``), and the best
 matmul per dtype becomes this session's ceiling (``ceilings`` in the results).

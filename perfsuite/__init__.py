@@ -17,19 +17,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from perfsuite.spec.engines import EngineOptions, EngineSpec, register_engine
-from perfsuite.spec.metrics import Metric
-from perfsuite.spec.metrics import register as register_metric
-from perfsuite.spec.models import ModelSpec
-from perfsuite.spec.profiles import HardwareProfile
-from perfsuite.spec.relations import Relation, chain
-from perfsuite.spec.workloads import (
+from perfsuite.core.engines import EngineOptions, EngineSpec, register_engine
+from perfsuite.core.metrics import Metric
+from perfsuite.core.metrics import register as register_metric
+from perfsuite.core.models import ModelSpec
+from perfsuite.core.profiles import HardwareProfile
+from perfsuite.core.relations import Relation, chain
+from perfsuite.core.workloads import (
     BaseScenario,
     Collective,
     DeviceCopy,
     Microbench,
     Scenario,
     ScenarioError,
+    Tier,
     TrainerScenario,
 )
 
@@ -50,6 +51,7 @@ __all__ = [
     "Relation",
     "Scenario",
     "ScenarioError",
+    "Tier",
     "TrainerScenario",
     "chain",
     "parametrize",

@@ -56,8 +56,8 @@ from perfsuite.commands import init as scaffold
 from perfsuite.commands import report as htmlreport_cli
 from perfsuite.commands.bootstrap import pool
 from perfsuite.commands.cliargs import at_least, duration, levels
+from perfsuite.core.files import atomic_write_json
 from perfsuite.launch import warm
-from perfsuite.spec.files import atomic_write_json
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from perfsuite.core.profiles import CPU
 from perfsuite.judge.sequential import DECISIONS, Design
 from perfsuite.judge.simulate import model
 from perfsuite.judge.simulate.noise import noise_of, primary_of, row_of
-from perfsuite.spec.profiles import CPU
 from perfsuite.store.baselines import BaselineStore
 
 DRAWS = 100_000

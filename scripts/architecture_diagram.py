@@ -21,7 +21,7 @@ DOC = ROOT / "docs" / "design" / "architecture.md"
 #: The entry modules, each a node of its own.
 ENTRY = {"perfsuite": ("api", "perfsuite (public API)"), "perfsuite.__main__": ("cli", "__main__ (CLI)")}
 #: The folders outside the pytest process's box: the ranks', and what both sides share.
-RANK, SHARED = "rank", "spec"
+RANK, SHARED = "rank", "core"
 #: The one arrow across the layers: the public API's Recipe, resolved in a rank only.
 LAZY = ("api", RANK)
 

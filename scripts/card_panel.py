@@ -217,7 +217,7 @@ def baseline_of(result: Mapping[str, Any], sid: str, ctx: Context, where: str) -
 def direction_of(metric: str) -> str:
     """Which way is better, from perfsuite's registry when the results file has no check saying it."""
     try:
-        from perfsuite.spec.metrics import METRICS
+        from perfsuite.core.metrics import METRICS
     except ImportError:  # only reached for a result without checks, run where perfsuite is not installed
         return ""
     return METRICS.get(metric).direction

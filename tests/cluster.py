@@ -26,8 +26,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from perfsuite.core.protocol import RANK_PROCESS_PREFIX
 from perfsuite.launch.torchrun import free_ports
-from perfsuite.spec.protocol import RANK_PROCESS_PREFIX
 
 PREFIX = "pst"  # names of this module's namespaces: pst<pid>a, pst<pid>b
 INSTALL = "as root: bash scripts/system-packages.sh"

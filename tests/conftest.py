@@ -12,8 +12,8 @@ from typing import Any
 import psutil
 import pytest
 
+from perfsuite.core.protocol import RANK_PROCESS_PREFIX
 from perfsuite.launch import warm
-from perfsuite.spec.protocol import RANK_PROCESS_PREFIX
 
 pytest_plugins = ["pytester"]
 
@@ -64,7 +64,7 @@ TINY_SHAPE = "world_size=2, micro_batch=8, global_batch=16, seq_len=32, warmup_s
 JUDGE_UNDER_CONTENTION = textwrap.dedent(
     """
     from dataclasses import replace
-    from perfsuite.spec.profiles import BUILTIN_PROFILES
+    from perfsuite.core.profiles import BUILTIN_PROFILES
 
     def pytest_perfsuite_profiles():
         cpu = BUILTIN_PROFILES["cpu"]

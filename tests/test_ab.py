@@ -11,13 +11,13 @@ import pytest
 from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION, TINY
 
 import perfsuite
+from perfsuite.core import metrics as registry
+from perfsuite.core.workloads.microbench import Microbench
+from perfsuite.core.workloads.train import Scenario
 from perfsuite.judge.abtest import compare, run_ab, summary_lines
 from perfsuite.judge.sequential import Design
 from perfsuite.launch.envs import PythonEnv
 from perfsuite.plugin.modes.ab import compared
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.workloads.microbench import Microbench
-from perfsuite.spec.workloads.train import Scenario
 
 BASE = [100.0, 104.0, 97.0, 101.0, 99.0]
 NOISE = [1.01, 0.99, 1.02, 0.98, 1.0]  # launch-to-launch noise of the candidate

@@ -1,15 +1,15 @@
 """The layout's rules, checked on the import graph read from the source. Each folder of
 ``perfsuite/`` is a layer, and may import only the folders below it:
 
-* ``spec/``: torch-free declarations both sides share; imports only ``spec/``;
-* ``rank/``: inside a torchrun worker; ``spec/`` (and torch);
-* ``launch/``, ``store/``: starting ranks and knowing the machine; what is kept between runs: ``spec/``;
-* ``judge/``: what a measurement says: ``store/``, ``launch/``, ``spec/``;
+* ``core/``: torch-free declarations both sides share; imports only ``core/``;
+* ``rank/``: inside a torchrun worker; ``core/`` (and torch);
+* ``launch/``, ``store/``: starting ranks and knowing the machine; what is kept between runs: ``core/``;
+* ``judge/``: what a measurement says: ``store/``, ``launch/``, ``core/``;
 * ``gate/``: one scenario's life: ``judge/`` and below;
 * ``reports/``: what a run leaves: ``judge/`` and below;
 * ``plugin/``: pytest's side: ``reports/``, ``gate/`` and below;
 * ``commands/`` (and ``__main__``): everything but ``rank/``;
-* ``perfsuite/__init__.py`` (the public API): ``spec/``, and ``Recipe`` from ``rank/`` lazily (it
+* ``perfsuite/__init__.py`` (the public API): ``core/``, and ``Recipe`` from ``rank/`` lazily (it
   imports torch, so only a team's model module in a rank resolves it).
 
 Only ``rank/`` imports torch; engines (``rank/strategies``) never import the worker that drives
@@ -36,15 +36,15 @@ import perfsuite
 PACKAGE = Path(perfsuite.__file__).parent
 #: Each folder, and the folders it may import (itself included).
 ALLOWED: Mapping[str, frozenset[str]] = {
-    "spec": frozenset({"spec"}),
-    "rank": frozenset({"rank", "spec"}),
-    "launch": frozenset({"launch", "spec"}),
-    "store": frozenset({"store", "spec"}),
-    "judge": frozenset({"judge", "store", "launch", "spec"}),
-    "gate": frozenset({"gate", "judge", "store", "launch", "spec"}),
-    "reports": frozenset({"reports", "judge", "store", "launch", "spec"}),
-    "plugin": frozenset({"plugin", "reports", "gate", "judge", "store", "launch", "spec"}),
-    "commands": frozenset({"commands", "plugin", "reports", "gate", "judge", "store", "launch", "spec"}),
+    "core": frozenset({"core"}),
+    "rank": frozenset({"rank", "core"}),
+    "launch": frozenset({"launch", "core"}),
+    "store": frozenset({"store", "core"}),
+    "judge": frozenset({"judge", "store", "launch", "core"}),
+    "gate": frozenset({"gate", "judge", "store", "launch", "core"}),
+    "reports": frozenset({"reports", "judge", "store", "launch", "core"}),
+    "plugin": frozenset({"plugin", "reports", "gate", "judge", "store", "launch", "core"}),
+    "commands": frozenset({"commands", "plugin", "reports", "gate", "judge", "store", "launch", "core"}),
 }
 #: The one import across the layers: the public API's lazy ``Recipe`` (see the module docstring).
 LAZY_API = ("perfsuite", "perfsuite.rank.models.module")
@@ -52,9 +52,9 @@ Graph = Mapping[str, set[str]]
 
 
 def folder(module: str) -> str:
-    """The layer a ``perfsuite`` module belongs to (the package root is the public API, ``spec``'s face)."""
+    """The layer a ``perfsuite`` module belongs to (the package root is the public API, ``core``'s face)."""
     if module == "perfsuite":
-        return "spec"
+        return "core"
     if module == "perfsuite.__main__":
         return "commands"
     return module.split(".")[1]
@@ -159,11 +159,11 @@ def test_the_real_import_graph_follows_the_rules() -> None:
             {"perfsuite.rank.worker.runtime": {"perfsuite.store.baselines"}},
             "perfsuite.rank.worker.runtime (rank/) imports perfsuite.store.baselines (store/)",
         ),
-        ({"perfsuite.spec.metrics": {"torch"}}, "perfsuite.spec.metrics (spec/) imports torch"),
+        ({"perfsuite.core.metrics": {"torch"}}, "perfsuite.core.metrics (core/) imports torch"),
         ({"perfsuite.judge.compare": {"torch"}}, "perfsuite.judge.compare (judge/) imports torch"),
         (
-            {"perfsuite.spec.engines.base": {"perfsuite.rank.strategies.base"}},
-            "perfsuite.spec.engines.base (spec/) imports perfsuite.rank.strategies.base (rank/)",
+            {"perfsuite.core.engines.base": {"perfsuite.rank.strategies.base"}},
+            "perfsuite.core.engines.base (core/) imports perfsuite.rank.strategies.base (rank/)",
         ),
         (
             {"perfsuite.judge.compare": {"perfsuite.gate.session"}},
@@ -174,8 +174,8 @@ def test_the_real_import_graph_follows_the_rules() -> None:
             "perfsuite.rank.strategies.ddp (an engine) imports perfsuite.rank.worker.loop",
         ),
         ({"perfsuite.rank.strategies.ddp": {"perfsuite.rank.worker.loop"}}, "import cycle between packages"),
-        ({"perfsuite.rank.primitives": {"perfsuite.spec.protocol"}}, "perfsuite.rank.primitives must be a leaf"),
-        ({"perfsuite.spec.metrics": {"perfsuite.rank.models.module"}}, "perfsuite.spec.metrics (spec/) imports"),
+        ({"perfsuite.rank.primitives": {"perfsuite.core.protocol"}}, "perfsuite.rank.primitives must be a leaf"),
+        ({"perfsuite.core.metrics": {"perfsuite.rank.models.module"}}, "perfsuite.core.metrics (core/) imports"),
     ],
 )
 def test_the_rules_catch_a_planted_violation(planted: dict[str, set[str]], expected: str) -> None:
@@ -187,8 +187,8 @@ def test_the_rules_catch_a_planted_violation(planted: dict[str, set[str]], expec
 
 def test_the_pytest_process_imports_no_torch() -> None:
     code = (
-        "import sys, perfsuite, perfsuite.plugin.hooks, perfsuite.__main__, perfsuite.reports.summary, perfsuite.spec.engines.builtin;"
-        "import perfsuite.spec.workloads.train;"
+        "import sys, perfsuite, perfsuite.plugin.hooks, perfsuite.__main__, perfsuite.reports.summary, perfsuite.core.engines.builtin;"
+        "import perfsuite.core.workloads.train;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'deepspeed'));"
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -205,7 +205,7 @@ def test_the_docs_diagram_is_the_real_import_graph() -> None:
     assert drawn == architecture_diagram.diagram(import_graph()), (
         "the diagram is out of date: python scripts/architecture_diagram.py --write"
     )
-    assert "plugin --> gate" in drawn and "rank --> spec" in drawn and "rank --> gate" not in drawn
+    assert "plugin --> gate" in drawn and "rank --> core" in drawn and "rank --> gate" not in drawn
 
 
 def test_the_top_level_holds_only_the_folders_and_the_two_entry_modules() -> None:

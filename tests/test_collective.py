@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perfsuite import Collective, ScenarioError
-from perfsuite.spec.workloads.collective import bus_factor
+from perfsuite.core.workloads.collective import bus_factor
 
 MIB = 2**20
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 
+from perfsuite.core.protocol import RankReport
 from perfsuite.judge.contention import contended, measure
 from perfsuite.judge.stats import aggregate
-from perfsuite.spec.protocol import RankReport
 from tests.test_verdicts import NOISY, SCENARIO, SLOW, STEADY, FakeLauncher, record, session
 
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from conftest import CPU_PROFILE, TINY, TINY_SHAPE
 
+from perfsuite.core.engines import MissingPackage
 from perfsuite.judge.contention import Contention, Quiet, wait_for_quiet
 from perfsuite.judge.coverage import Outcome, coverage_of
 from perfsuite.plugin import exitstatus as gate
-from perfsuite.spec.engines import MissingPackage
 from perfsuite.store import quarantine
 from tests.test_contention import busy
 from tests.test_verdicts import SCENARIO, SLOW, STEADY, FakeLauncher, record, session

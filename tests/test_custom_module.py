@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import record_team, require
 
-from perfsuite.spec.models import ModelSpec, probe
-from perfsuite.spec.protocol import COUNTED_FLOPS
-from perfsuite.spec.validation import ScenarioError
+from perfsuite.core.models import ModelSpec, probe
+from perfsuite.core.protocol import COUNTED_FLOPS
+from perfsuite.core.validation import ScenarioError
 
 #: A team's package: blocks in a ModuleList (FSDP2 shards them one by one), a regression loss,
 #: and a custom step that runs the model twice (a consistency loss).
@@ -173,7 +173,7 @@ def test_a_rank_decodes_its_job_without_building_in_a_child_interpreter(team_pac
     # its job must not pay another child interpreter (3-4 s a rank). A reference the rank cannot
     # import decodes, and fails where the rank builds it.
     from perfsuite import Scenario
-    from perfsuite.spec.protocol import RankJob
+    from perfsuite.core.protocol import RankJob
 
     scenario = Scenario("team", "x", ModelSpec.module("teampkg.models:build"), world_size=2, micro_batch=2,
                         global_batch=4, seq_len=16)  # fmt: skip

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from perfsuite import ModelSpec, Scenario, ScenarioError
+from perfsuite.core.workloads.base import ran_otherwise
 from perfsuite.gate.session import ScenarioResult
 from perfsuite.judge.compare import Judgement
 from perfsuite.reports.html import summary
 from perfsuite.reports.summary import summary_lines
-from perfsuite.spec.workloads.base import ran_otherwise
 
 SEED = ModelSpec("bert_pretraining", layers=12, hidden=768, heads=12, vocab=30522, max_positions=512)
 TINY = ModelSpec("bert_pretraining", layers=2, hidden=128, heads=2, vocab=8192, max_positions=128)

@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 
 from perfsuite import ModelSpec, Scenario
+from perfsuite.core.protocol import RankJob
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.torchrun import LocalTorchrun
-from perfsuite.spec.protocol import RankJob
 
 WORLD = 2
 # Many small layers, small vocab: ZeRO-1/2 keep the whole gradient of every

@@ -10,8 +10,8 @@ import pytest
 from conftest import CPU_PROFILE, FAKE_NVML
 
 from perfsuite.commands import doctor
-from perfsuite.spec.engines import EngineSpec, engine_spec
-from perfsuite.spec.profiles import CPU
+from perfsuite.core.engines import EngineSpec, engine_spec
+from perfsuite.core.profiles import CPU
 from tests.test_coverage import PHANTOM
 
 BENCH = str(Path(__file__).parents[1] / "bench_tests")

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from perfsuite import ModelSpec, Scenario, ScenarioError
+from perfsuite.core.engines import ENGINES, ZeroOptions, deepspeed_config
+from perfsuite.core.models import probe
 from perfsuite.judge.definition import changes, definition
-from perfsuite.spec.engines import ENGINES, ZeroOptions, deepspeed_config
-from perfsuite.spec.models import probe
 
 GPT = ModelSpec("megatron_gpt", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
 SHAPE: dict[str, Any] = dict(world_size=2, micro_batch=4, global_batch=16, seq_len=32)

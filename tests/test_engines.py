@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from perfsuite import ModelSpec, Scenario, ScenarioError
+from perfsuite.core.engines import ENGINES, EngineSpec, MissingPackage, OptionError, ZeroOptions, engine_spec
 from perfsuite.launch.fingerprint import tracked_packages
-from perfsuite.spec.engines import ENGINES, EngineSpec, MissingPackage, OptionError, ZeroOptions, engine_spec
 
 GPT = ModelSpec("megatron_gpt", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
 MODULE = """

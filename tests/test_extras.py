@@ -17,7 +17,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from perfsuite.spec.engines import ENGINES
+from perfsuite.core.engines import ENGINES
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from perfsuite.core.models import CLASSIFICATION_LABELS, NEXT_SENTENCE_LABELS
 from perfsuite.judge.flops import COUNTED, FORMULA, flops_per_iteration, gpu_peak, mfu, of_peak
-from perfsuite.spec.models import CLASSIFICATION_LABELS, NEXT_SENTENCE_LABELS
 
 GPT_1_3B = {
     "model": {"layers": 24, "hidden": 2048, "vocab": 50304},

@@ -12,11 +12,11 @@ import pytest
 
 from bench_tests import test_model_state_sharding as a2
 from bench_tests import test_parallel_3d as a3
+from perfsuite.core.profiles import CPU, gpu_profile
+from perfsuite.core.relations import Relation, evaluate
+from perfsuite.core.workloads import BaseScenario
 from perfsuite.judge.compare import Judgement
 from perfsuite.judge.stats import ScenarioMetrics, Summary
-from perfsuite.spec.profiles import CPU, gpu_profile
-from perfsuite.spec.relations import Relation, evaluate
-from perfsuite.spec.workloads import BaseScenario
 
 H100 = gpu_profile("nvidia-h100-80gb-hbm3-x4")
 #: Seed A2 (samples/s) and A3 (samples/s, peak MB), by scenario id.

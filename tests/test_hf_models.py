@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import CPU_PROFILE, record_team, require, team_gate
 
-from perfsuite.spec import models
-from perfsuite.spec.models import ModelSpec
-from perfsuite.spec.protocol import COUNTED_FLOPS
-from perfsuite.spec.validation import ScenarioError
+from perfsuite.core import models
+from perfsuite.core.models import ModelSpec
+from perfsuite.core.protocol import COUNTED_FLOPS
+from perfsuite.core.validation import ScenarioError
 
 SHAPE = dict(layers=2, hidden=64, heads=4, vocab=512, ffn=128, max_positions=64)
 

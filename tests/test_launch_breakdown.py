@@ -16,8 +16,8 @@ from conftest import CPU_PROFILE, TINY_SHAPE, bench_module
 
 from perfsuite.__main__ import main
 from perfsuite.commands.explain import launch_lines
+from perfsuite.core.protocol import AGENT_MARKS_VAR, LAUNCH_MARKS, LAUNCH_STRETCHES, RankReport
 from perfsuite.launch.base import LaunchOutcome
-from perfsuite.spec.protocol import AGENT_MARKS_VAR, LAUNCH_MARKS, LAUNCH_STRETCHES, RankReport
 
 #: The marks of a cpu training launch, in order (no ``device``: that is a CUDA context).
 CPU_TRAINING_MARKS = [m for m in LAUNCH_MARKS if m != "device"]

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from perfsuite import ModelSpec, Scenario, ScenarioError
+from perfsuite.core.profiles import CPU, CUDA_32GB, HardwareProfile, ProfileError
+from perfsuite.core.protocol import RankJob
 from perfsuite.launch.base import WorkerJob, classify
 from perfsuite.launch.slurm import SlurmLauncher, first_host, rdzv_port, topology_from_env
 from perfsuite.launch.torchrun import Topology, TopologyError, TorchrunLauncher, free_ports
 from perfsuite.rank.worker.agent import forked_ranks
-from perfsuite.spec.profiles import CPU, CUDA_32GB, HardwareProfile, ProfileError
-from perfsuite.spec.protocol import RankJob
 
 
 def rank_job(tmp_path: Path, world: int) -> RankJob:
@@ -124,7 +124,7 @@ def test_the_agent_runs_the_worker_file_in_its_forks() -> None:
 
 
 EXEC_CONFTEST = """
-from perfsuite.spec.profiles import HardwareProfile
+from perfsuite.core.profiles import HardwareProfile
 
 def pytest_perfsuite_profiles():
     return [HardwareProfile("cpu-exec", "cpu", rank_start="exec", aliases=("cpu",))]
@@ -260,8 +260,8 @@ def test_emulated_nodes_on_one_gpu_host_get_disjoint_gpus(tmp_path: Path) -> Non
 
 
 def test_emulated_nodes_share_the_host_gpus_and_refuse_before_launch() -> None:
+    from perfsuite.core.profiles import gpu_profile
     from perfsuite.gate.fitting import launch_precondition
-    from perfsuite.spec.profiles import gpu_profile
 
     scenario = Scenario("g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=1,
                         global_batch=2, seq_len=16)  # fmt: skip

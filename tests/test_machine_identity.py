@@ -18,13 +18,13 @@ import pytest
 from conftest import FAKE_NVML
 from test_verdicts import SCENARIO, SLOW, STEADY, FakeLauncher
 
+from perfsuite.core import processor as processors
+from perfsuite.core.profiles import CPU, gpu_profile
 from perfsuite.gate.session import PerfSession, RunSettings
 from perfsuite.judge.coverage import Outcome, coverage_of
 from perfsuite.launch import devicelock
 from perfsuite.launch.devicelock import DeviceBusy
 from perfsuite.launch.fingerprint import machine_fingerprint
-from perfsuite.spec import processor as processors
-from perfsuite.spec.profiles import CPU, gpu_profile
 
 #: Another processor: a Sapphire Rapids VM, with AVX-512 bf16 and AMX (a /proc/cpuinfo excerpt).
 SAPPHIRE_RAPIDS = textwrap.dedent(

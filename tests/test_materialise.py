@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from perfsuite.core.models import ModelSpec
 from perfsuite.rank.models.materialise import ModelFactory, init_weights
 from perfsuite.rank.models.megatron_gpt import INIT_STD, MegatronGPT
-from perfsuite.spec.models import ModelSpec
 
 GPT_1_3B = ModelSpec("gpt2", layers=24, hidden=2048, heads=32, vocab=50304, max_positions=1024)
 TINY_GPT2 = ModelSpec("gpt2", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)

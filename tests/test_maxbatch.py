@@ -130,7 +130,7 @@ def test_trials_keep_grad_accum_and_let_validation_refuse_shapes() -> None:
 # transformers import, so launches are cheap) trains at micro-batch 8 and runs
 # out of memory at 16; measured boundary 12 (8 -> 16 -> 12 -> 14 -> 13).
 SMALL_BUDGET = """
-from perfsuite.spec.profiles import HardwareProfile
+from perfsuite.core.profiles import HardwareProfile
 
 def pytest_perfsuite_profiles():
     return [HardwareProfile("cpu-192m", "cpu", rank_memory_budget_mib=192, aliases=("cpu",), timeout_s=120)]

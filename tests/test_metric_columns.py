@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 
 from perfsuite import ModelSpec
+from perfsuite.core import metrics as registry
+from perfsuite.core.metrics import Metric
+from perfsuite.core.profiles import CPU, gpu_profile
+from perfsuite.core.workloads.train import Scenario
 from perfsuite.gate.session import ScenarioResult
 from perfsuite.judge.compare import Judgement
 from perfsuite.judge.stats import ScenarioMetrics, Summary
 from perfsuite.plugin.modes.ab import gated
 from perfsuite.plugin.modes.batchsearch import MaxBatchResult, Trial
 from perfsuite.reports.summary import results_document, summary_lines
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.metrics import Metric
-from perfsuite.spec.profiles import CPU, gpu_profile
-from perfsuite.spec.workloads.train import Scenario
 
 WIDGETS = Metric(
     "widgets_per_step", "widgets", "lower", noisy=True, tolerances={"cpu": 0.2, "cuda": 0.03}, label="widgets/step"

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from perfsuite import Metric, ModelSpec, Relation, Scenario, ScenarioError
-from perfsuite.spec.metrics import METRICS, MetricError, MetricRegistry
+from perfsuite.core.metrics import METRICS, MetricError, MetricRegistry
 
 TINY = ModelSpec("bert", layers=1, hidden=32, heads=2, vocab=512, max_positions=64)
 
@@ -74,7 +74,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from perfsuite import BaseScenario, Metric, register_metric
-from perfsuite.spec.protocol import WorkloadSpec
+from perfsuite.core.protocol import WorkloadSpec
 
 register_metric(Metric(
     "allreduce_busbw_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
@@ -105,7 +105,7 @@ RUNNER = """
 import torch
 import torch.distributed as dist
 
-from perfsuite.spec.protocol import RankReport
+from perfsuite.core.protocol import RankReport
 from perfsuite.rank.worker.base import Runner
 from perfsuite.rank.worker.loop import measure
 
@@ -160,11 +160,11 @@ def test_a_registered_metric_of_a_new_kind_is_recorded_and_gated(pytester: pytes
 def test_user_extra_metrics_run_beside_the_default_mfu(pytester: pytest.Pytester) -> None:
     """MFU is perfsuite's own implementation of the extra-metrics hook, so a
     user's implementation no longer replaces it (or is skipped because of it)."""
+    from perfsuite.core.profiles import gpu_profile
     from perfsuite.gate.session import ScenarioResult
     from perfsuite.judge.ceilings import Ceilings
     from perfsuite.judge.compare import Judgement
     from perfsuite.judge.stats import ScenarioMetrics, Summary
-    from perfsuite.spec.profiles import gpu_profile
 
     pytester.makeconftest(
         textwrap.dedent("""

@@ -12,7 +12,7 @@ import pytest
 from conftest import CPU_PROFILE
 
 from perfsuite import DeviceCopy, Microbench, ScenarioError
-from perfsuite.spec.workloads.microbench import layer_flops, matmul_flops
+from perfsuite.core.workloads.microbench import layer_flops, matmul_flops
 
 
 def test_layer_flops_follow_the_seed_sources_counting() -> None:

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from perfsuite import ModelSpec
+from perfsuite.core.models import FAMILIES, NEXT_SENTENCE_LABELS
 from perfsuite.rank.models.build import IGNORE_INDEX, build_model, synthetic_batch
-from perfsuite.spec.models import FAMILIES, NEXT_SENTENCE_LABELS
 
 # Attention dropout is an argument of a functional call under SDPA, so it is
 # read from the config; a new family with dropout needs its entry here.

@@ -100,8 +100,8 @@ def test_process_memory_falls_back_to_the_device_in_containers(monkeypatch: pyte
 def test_a_throttled_run_is_unreliable_and_not_recorded(tmp_path: Path) -> None:
     from test_verdicts import FINGERPRINT, SCENARIO, STEADY, FakeLauncher
 
+    from perfsuite.core.profiles import CPU
     from perfsuite.gate.session import PerfSession, RunSettings
-    from perfsuite.spec.profiles import CPU
 
     health = {"throttled": True, "throttle_reasons": ["hw_thermal", "sync_boost"]}
     run = RunSettings(profile=CPU, baselines_dir=tmp_path / "b", workdir=tmp_path, update_baselines=True)

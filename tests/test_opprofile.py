@@ -11,8 +11,7 @@ import pytest
 from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION, bench_module
 
 from perfsuite.__main__ import main
-from perfsuite.judge.explain import Explanation
-from perfsuite.spec.opprofile import (
+from perfsuite.core.opprofile import (
     MAX_SUMMARY_BYTES,
     NOISE_SHARE,
     OTHER,
@@ -23,6 +22,7 @@ from perfsuite.spec.opprofile import (
     merge,
     top,
 )
+from perfsuite.judge.explain import Explanation
 from perfsuite.store.baselines import BaselineError
 from perfsuite.store.profilestore import ProfileStore, fit
 

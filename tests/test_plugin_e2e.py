@@ -118,7 +118,7 @@ def test_results_file_follows_the_contract(project: pytest.Pytester) -> None:
 
 
 OOM_CONFTEST = """
-from perfsuite.spec.profiles import HardwareProfile
+from perfsuite.core.profiles import HardwareProfile
 
 def pytest_perfsuite_profiles():
     # 256 MiB per rank above the imported libraries: the tiny GPT fits, a
@@ -286,7 +286,7 @@ def test_a_missing_baselines_folder_is_fine_when_recording_into_it(pytester: pyt
 def test_hooks_choose_profile_and_add_metrics(project: pytest.Pytester) -> None:
     project.makeconftest(
         textwrap.dedent("""
-        from perfsuite.spec.profiles import CPU
+        from perfsuite.core.profiles import CPU
         import dataclasses
 
         def pytest_perfsuite_profiles():

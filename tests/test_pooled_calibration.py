@@ -14,12 +14,12 @@ import pytest
 
 from perfsuite import Scenario
 from perfsuite.__main__ import main
+from perfsuite.core.models import ModelSpec
+from perfsuite.core.profiles import CPU, PROVISIONAL_GPU_MACHINE_SPREAD, HardwareProfile, gpu_profile
+from perfsuite.core.protocol import RankReport
 from perfsuite.gate.session import PerfSession, RunSettings
 from perfsuite.judge.trustworthy import components, tolerance
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
-from perfsuite.spec.models import ModelSpec
-from perfsuite.spec.profiles import CPU, PROVISIONAL_GPU_MACHINE_SPREAD, HardwareProfile, gpu_profile
-from perfsuite.spec.protocol import RankReport
 
 SCENARIO = Scenario(
     "g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=2, global_batch=4, seq_len=16, steps=5

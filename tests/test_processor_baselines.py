@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from test_verdicts import FINGERPRINT, SCENARIO, SLOW, STEADY, FakeLauncher
 
+from perfsuite.core import processor as processors
+from perfsuite.core.profiles import CPU
 from perfsuite.gate.session import PerfSession, RunSettings, ScenarioResult
-from perfsuite.spec import processor as processors
-from perfsuite.spec.profiles import CPU
 from perfsuite.store.baselines import OTHER_PROCESSORS, BaselineError, BaselineStore, load_group
 
 REPO = Path(__file__).resolve().parents[1]

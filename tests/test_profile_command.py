@@ -12,7 +12,7 @@ from conftest import TINY, TINY_SHAPE
 TEAM_CONFTEST = textwrap.dedent(
     """
     from dataclasses import replace
-    from perfsuite.spec.profiles import BUILTIN_PROFILES
+    from perfsuite.core.profiles import BUILTIN_PROFILES
 
     def pytest_perfsuite_profiles():
         return [replace(BUILTIN_PROFILES["cpu"], name="team-runner", description="our runners")]

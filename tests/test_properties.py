@@ -29,13 +29,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from perfsuite.core.metrics import METRICS
+from perfsuite.core.models import ModelSpec
+from perfsuite.core.validation import ScenarioError
+from perfsuite.core.workloads import Collective, DeviceCopy, Microbench, Scenario, TrainerScenario
+from perfsuite.core.workloads.base import OUTCOMES, BaseScenario
 from perfsuite.launch.envs import CURRENT, EnvError, parse_ab, parse_envs
 from perfsuite.plugin import hooks as plugin
-from perfsuite.spec.metrics import METRICS
-from perfsuite.spec.models import ModelSpec
-from perfsuite.spec.validation import ScenarioError
-from perfsuite.spec.workloads import Collective, DeviceCopy, Microbench, Scenario, TrainerScenario
-from perfsuite.spec.workloads.base import OUTCOMES, BaseScenario
 from perfsuite.store.baselines import BaselineEntry, BaselineError, BaselineStore, load_group_file
 
 FAST = settings(max_examples=150, deadline=None, derandomize=True, database=None)

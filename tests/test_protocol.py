@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from perfsuite import ModelSpec, Scenario
+from perfsuite.core.protocol import ProtocolError, RankJob, RankReport
+from perfsuite.core.workloads.train import TrainSpec
 from perfsuite.launch.base import WorkerJob, read_reports
-from perfsuite.spec.protocol import ProtocolError, RankJob, RankReport
-from perfsuite.spec.workloads.train import TrainSpec
 
 GPT = ModelSpec("megatron_gpt", layers=4, hidden=64, heads=4, vocab=512, max_positions=64, dropout=0)
 SCENARIO = Scenario(
@@ -36,7 +36,7 @@ def test_job_round_trips_through_json_with_its_kind(tmp_path: Path) -> None:
     original = job(tmp_path)
     original.write(tmp_path / "job.json")
     doc = json.loads((tmp_path / "job.json").read_text())
-    assert doc["spec_type"] == "perfsuite.spec.workloads.train:TrainSpec"
+    assert doc["spec_type"] == "perfsuite.core.workloads.train:TrainSpec"
     back = RankJob.read(tmp_path / "job.json")
     assert back == original and isinstance(back.spec, TrainSpec)
     assert back.spec.layout.dp == 2 and back.spec.model == GPT and back.spec.grad_accum == 2

@@ -171,7 +171,7 @@ BIG_BYTES = BIG_DEPTH * (BIG_WIDTH * BIG_WIDTH + BIG_WIDTH) * 4
 #: DeepSpeed's buffers (~300 MiB more, measured: a 768 MiB model's ZeRO-3 rank peaked at 965 MiB).
 BUDGET_MIB = 1400
 BUDGET_CONFTEST = f"""
-from perfsuite.spec.profiles import HardwareProfile
+from perfsuite.core.profiles import HardwareProfile
 
 def pytest_perfsuite_profiles():
     return [HardwareProfile("cpu-small-ranks", "cpu", rank_memory_budget_mib={BUDGET_MIB}, max_world_size=4,

@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from perfsuite import ModelSpec, Relation, Scenario, ScenarioError, chain
+from perfsuite.core.relations import evaluate
 from perfsuite.judge.compare import Judgement
 from perfsuite.judge.stats import ScenarioMetrics, Summary
-from perfsuite.spec.relations import evaluate
 
 TINY = ModelSpec("gpt2", layers=1, hidden=32, heads=2, vocab=512, max_positions=64)
 A, B, C = (Scenario("g", n, TINY, world_size=2, micro_batch=1, global_batch=2, seq_len=8) for n in "abc")

@@ -156,7 +156,7 @@ def test_layout_derives_dp_and_checks_pipeline_batch() -> None:
 
 
 def test_bubble_fraction_formulas() -> None:
-    from perfsuite.spec.layout import ParallelLayout
+    from perfsuite.core.layout import ParallelLayout
 
     assert ParallelLayout(dp=1, pp=4, microbatches=8, schedule="gpipe").bubble_fraction() == pytest.approx(3 / 11)
     assert ParallelLayout(

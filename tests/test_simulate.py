@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from perfsuite.__main__ import main
+from perfsuite.core.profiles import CPU, HardwareProfile, gpu_profile
 from perfsuite.judge import sequential
 from perfsuite.judge.sequential import Design
 from perfsuite.judge.simulate import ab_minimum_detectable, minimum_detectable, model, realgate, sensitivity
@@ -23,7 +24,6 @@ from perfsuite.judge.simulate.cli import Options, report
 from perfsuite.judge.simulate.noise import PROFILES, Row, min_effect_of, noise_of, typical_row
 from perfsuite.judge.simulate.rates import rate
 from perfsuite.judge.simulate.trials import COMMITTED, Trials
-from perfsuite.spec.profiles import CPU, HardwareProfile, gpu_profile
 from perfsuite.store.baselines import BaselineEntry
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from perfsuite.core.protocol import RankReport
 from perfsuite.judge.stats import ScenarioMetrics, Summary, aggregate, percentile, pool
-from perfsuite.spec.protocol import RankReport
 
 NAMES = ("samples_per_s", "tokens_per_s", "peak_mem_mib", "model_state_bytes_per_rank")
 WORK = {"samples_per_s": 8, "tokens_per_s": 32}

@@ -9,8 +9,8 @@ import pytest
 from conftest import CPU_PROFILE, TINY, TINY_SHAPE
 
 from perfsuite import ModelSpec, Scenario
+from perfsuite.core.workloads import ScenarioError
 from perfsuite.judge.definition import definition
-from perfsuite.spec.workloads import ScenarioError
 
 MODULE = textwrap.dedent(
     f"""

@@ -12,7 +12,7 @@ import pytest
 from conftest import CPU_PROFILE
 
 from perfsuite import ModelSpec, ScenarioError
-from perfsuite.spec.workloads.trainer import TrainerScenario
+from perfsuite.core.workloads.trainer import TrainerScenario
 
 SEED_MODEL = ModelSpec("bert", layers=12, hidden=768, heads=12, vocab=128100, ffn=3072, max_positions=512)
 
@@ -105,7 +105,7 @@ def test_the_step_clock_splits_warmup_and_lists_skipped_updates(tmp_path: Path) 
 
 BENCH = """
 from perfsuite import ModelSpec, parametrize
-from perfsuite.spec.workloads.trainer import TrainerScenario
+from perfsuite.core.workloads.trainer import TrainerScenario
 
 TINY = ModelSpec("bert", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)  # the Trainer needs a masked LM
 SHAPE = dict(per_device_batch=4, grad_accum=2, train_samples=64, eval_samples=32, seq_len=32, warmup_steps=2)

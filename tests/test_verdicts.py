@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from perfsuite import Microbench, ModelSpec, Scenario
+from perfsuite.core.profiles import CPU
+from perfsuite.core.protocol import RankReport
 from perfsuite.gate.session import PerfSession, RunSettings
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
-from perfsuite.spec.profiles import CPU
-from perfsuite.spec.protocol import RankReport
 
 SCENARIO = Scenario(
     "g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=2, global_batch=4, seq_len=16, steps=5

@@ -19,12 +19,12 @@ import psutil
 import pytest
 
 from perfsuite import ModelSpec, Scenario
+from perfsuite.core.protocol import RankJob, RankStart
 from perfsuite.launch import warm
 from perfsuite.launch.base import LaunchOutcome, WorkerJob
 from perfsuite.launch.torchrun import LocalTorchrun
 from perfsuite.rank.worker import warmparent
 from perfsuite.rank.worker.fresh import blas_threads
-from perfsuite.spec.protocol import RankJob, RankStart
 
 #: A team model (ModelSpec.module) whose ranks write down the process they were built in.
 PROBE = textwrap.dedent(

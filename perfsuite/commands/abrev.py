@@ -34,11 +34,11 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - the tomli dependency on 3.10
     import tomli as tomllib
+from perfsuite.core.profiles import CPU
 from perfsuite.judge import sequential
 from perfsuite.judge.abtest import ABResult, Trial, markdown_lines, summary_lines
 from perfsuite.judge.contention import Contention, contended
 from perfsuite.launch import warm
-from perfsuite.spec.profiles import CPU
 
 BASE, CANDIDATE = "base", "candidate"
 #: The headline metric the A/B judges; memory and exact bytes stay with the stored-baseline gate.

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from perfsuite.commands.abrev import BAD_INPUT, NOT_JUDGED, Settings, ab_trees, add_design_options, settings_of
+from perfsuite.core.files import atomic_write_json
 from perfsuite.judge.abtest import ABResult
 from perfsuite.launch import warm
-from perfsuite.spec.files import atomic_write_json
 
 #: What to try when a step was not judged, by its verdict.
 ADVICE = {

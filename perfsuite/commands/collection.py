@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from perfsuite.core.profiles import HardwareProfile
+from perfsuite.core.workloads import BaseScenario
 from perfsuite.plugin import machine
-from perfsuite.spec.profiles import HardwareProfile
-from perfsuite.spec.workloads import BaseScenario
 
 
 @dataclass(eq=False)  # a pytest plugin: pluggy keeps plugins in sets, so it must hash by identity

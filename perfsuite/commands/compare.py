@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perfsuite.core import metrics as registry
+from perfsuite.core.text import table
 from perfsuite.judge.compare import welch_interval
 from perfsuite.judge.stats import Summary
 from perfsuite.launch import identity
 from perfsuite.reports.html import results as res
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.text import table
 
 #: Confidence of the headline's interval.
 CONFIDENCE = 0.95

@@ -27,22 +27,22 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.commands.collection import collect
+from perfsuite.core.engines import ENGINES, EngineSpec
+from perfsuite.core.models import ModelSpec
+from perfsuite.core.profiles import HardwareProfile
+from perfsuite.core.protocol import RankJob
+from perfsuite.core.workloads import Precision, Scenario, ScenarioError
+from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.gate.fitting import fit_to_hardware, launch_missing, launch_precondition
 from perfsuite.judge.coverage import NotInstalled, Outcome, not_installed
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.identity import describe_card, processor_text
 from perfsuite.launch.torchrun import LocalTorchrun
-from perfsuite.spec.engines import ENGINES, EngineSpec
-from perfsuite.spec.models import ModelSpec
-from perfsuite.spec.profiles import HardwareProfile
-from perfsuite.spec.protocol import RankJob
-from perfsuite.spec.workloads import Precision, Scenario, ScenarioError
-from perfsuite.spec.workloads.base import BaseScenario
 
 SMOKE_TIMEOUT_S = 180.0
 IMPORT_CHECK = """
 import json, sys
-from perfsuite.spec.protocol import import_object
+from perfsuite.core.protocol import import_object
 found = {}
 for name, path in json.loads(sys.argv[1]).items():
     try:

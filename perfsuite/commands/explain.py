@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from perfsuite.core.opprofile import TABLE_COLUMNS
+from perfsuite.core.protocol import LAUNCH_STRETCHES
+from perfsuite.core.text import table
 from perfsuite.judge.explain import Explanation
 from perfsuite.reports.html.results import ReportInputError, load_results
-from perfsuite.spec.opprofile import TABLE_COLUMNS
-from perfsuite.spec.protocol import LAUNCH_STRETCHES
-from perfsuite.spec.text import table
 
 #: Columns of a launch's breakdown.
 LAUNCH_COLUMNS = ("until", "what", "at s", "took s", "of wall")

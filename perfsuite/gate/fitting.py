@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from perfsuite.core.engines import MissingPackage
+from perfsuite.core.profiles import HardwareProfile
+from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.launch.torchrun import Topology, TopologyError
-from perfsuite.spec.engines import MissingPackage
-from perfsuite.spec.profiles import HardwareProfile
-from perfsuite.spec.workloads.base import BaseScenario
 
 
 def fit_to_hardware(

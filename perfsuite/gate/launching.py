@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from perfsuite.core.protocol import RankJob
+from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.gate.settings import RunSettings
 from perfsuite.judge.results import Measurement
 from perfsuite.judge.stats import ScenarioMetrics, aggregate, pool
@@ -28,8 +30,6 @@ from perfsuite.launch.envs import CURRENT
 from perfsuite.launch.procs import launcher_env
 from perfsuite.launch.progress import Progress
 from perfsuite.launch.torchrun import LocalTorchrun, Topology, TorchrunLauncher
-from perfsuite.spec.protocol import RankJob
-from perfsuite.spec.workloads.base import BaseScenario
 
 
 class Launches:

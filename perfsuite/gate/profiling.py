@@ -15,11 +15,11 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from perfsuite.core.opprofile import STEPS, OpProfile, merge
+from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.gate.launching import Launches
 from perfsuite.gate.settings import RunSettings
 from perfsuite.judge.explain import Explanation
-from perfsuite.spec.opprofile import STEPS, OpProfile, merge
-from perfsuite.spec.workloads.base import BaseScenario
 from perfsuite.store.baselines import BaselineError
 from perfsuite.store.profilestore import ProfileStore
 

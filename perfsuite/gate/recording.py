@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.gate.settings import RunSettings
 from perfsuite.judge import definition, trustworthy
 from perfsuite.judge.compare import Judgement
 from perfsuite.judge.results import ScenarioResult, baseline_metrics
 from perfsuite.judge.stats import ScenarioMetrics
-from perfsuite.spec.workloads.base import BaseScenario
 from perfsuite.store.baselines import BaselineStore
 
 

@@ -20,6 +20,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from perfsuite.core.engines import MissingPackage
+from perfsuite.core.profiles import HardwareProfile
+from perfsuite.core.relations import Relation, RelationOutcome, evaluate
+from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.gate import recording
 from perfsuite.gate.fitting import fit_to_hardware, launch_missing, launch_precondition
 from perfsuite.gate.launching import Launches
@@ -37,10 +41,6 @@ from perfsuite.launch import Launcher
 from perfsuite.launch.envs import CURRENT, build_hint
 from perfsuite.launch.fingerprint import tracked_packages
 from perfsuite.launch.progress import Progress
-from perfsuite.spec.engines import MissingPackage
-from perfsuite.spec.profiles import HardwareProfile
-from perfsuite.spec.relations import Relation, RelationOutcome, evaluate
-from perfsuite.spec.workloads.base import BaseScenario
 from perfsuite.store.baselines import BaselineEntry, BaselineError, BaselineStore
 
 __all__ = [

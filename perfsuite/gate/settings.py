@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from perfsuite.core.profiles import HardwareProfile
 from perfsuite.launch.envs import PythonEnv, parse_envs
-from perfsuite.spec.profiles import HardwareProfile
 
 #: When to profile ops (perfsuite.gate.profiling): ``--perf-op-profiles`` offers these.
 OpProfileMode = Literal["auto", "always", "off"]

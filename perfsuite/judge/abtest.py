@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from perfsuite.core import metrics as registry
+from perfsuite.core.text import table
 from perfsuite.judge import sequential
 from perfsuite.judge.sequential import Design, State
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.text import table
 
 FLAG = "--perf-ab"
 ALPHA = 0.05

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from perfsuite.core import metrics as registry
 from perfsuite.judge.stats import ScenarioMetrics, Summary
-from perfsuite.spec import metrics as registry
 from perfsuite.store.baselines import BaselineEntry
 
 Verdict = Literal[

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfsuite.spec.engines import MissingPackage
+from perfsuite.core.engines import MissingPackage
 
 #: Verdicts by which the gate has spoken, for better or worse (``searched``: a max-batch
 #: search that trained or ran out of memory at least once).

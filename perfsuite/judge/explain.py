@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from perfsuite.spec.opprofile import OpProfile, ProfileDiff, diff, top_lines
-from perfsuite.spec.protocol import decode
+from perfsuite.core.opprofile import OpProfile, ProfileDiff, diff, top_lines
+from perfsuite.core.protocol import decode
 
 
 @dataclass(frozen=True)

@@ -47,14 +47,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from perfsuite.spec.models import CLASSIFICATION_LABELS, FAMILIES, NEXT_SENTENCE_LABELS
+from perfsuite.core.models import CLASSIFICATION_LABELS, FAMILIES, NEXT_SENTENCE_LABELS
 
 FORMULA = (
     "megatron, f apart: 6*B*s*l*h*(4h + 2f + 2s) + head per iteration, no recompute;"
     " head 6*B*s*h*V (LM), 6*B*(h^2 + h*c) (sequence classifier) or both with c = 2 (BERT pre-training:"
     " LM + next sentence)"
 )
-#: The label of a counted figure (``perfsuite.spec.protocol.COUNTED_FLOPS``, per rank and step).
+#: The label of a counted figure (``perfsuite.core.protocol.COUNTED_FLOPS``, per rank and step).
 COUNTED = "counted: torch.utils.flop_counter.FlopCounterMode over rank 0's first training step (forward + backward)"
 
 

@@ -20,6 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from perfsuite.core import metrics as registry
+from perfsuite.core.profiles import HardwareProfile
+from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.judge import definition
 from perfsuite.judge.compare import (
     Judgement,
@@ -36,9 +39,6 @@ from perfsuite.judge.trustworthy import untrustworthy
 from perfsuite.launch import identity
 from perfsuite.launch.fingerprint import stack_changes
 from perfsuite.launch.identity import MachineChange
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.profiles import HardwareProfile
-from perfsuite.spec.workloads.base import BaseScenario
 from perfsuite.store.baselines import BaselineEntry
 
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from perfsuite.core import metrics as registry
+from perfsuite.core.engines import MissingPackage
+from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.judge.ceilings import Ceilings
 from perfsuite.judge.compare import Judgement
 from perfsuite.judge.explain import Explanation
 from perfsuite.judge.stats import ScenarioMetrics, Summary
 from perfsuite.launch import LaunchOutcome
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.engines import MissingPackage
-from perfsuite.spec.workloads.base import BaseScenario
 from perfsuite.store.baselines import BaselineEntry
 
 

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from perfsuite.core import metrics as registry
+from perfsuite.core.protocol import RankReport
 from perfsuite.judge.contention import Contention
 from perfsuite.judge.contention import measure as measure_contention
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.protocol import RankReport
 
 
 @dataclass(frozen=True)

@@ -62,12 +62,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from perfsuite.core import metrics as registry
+from perfsuite.core.nvmlcodes import HARMLESS_REASONS
+from perfsuite.core.profiles import HardwareProfile
 from perfsuite.judge import definition
 from perfsuite.judge.stats import ScenarioMetrics, Summary
 from perfsuite.launch import identity
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.nvmlcodes import HARMLESS_REASONS
-from perfsuite.spec.profiles import HardwareProfile
 from perfsuite.store.baselines import BaselineEntry, BaselineError
 
 #: k of the tolerance model: standard deviations of the difference between a new

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from perfsuite.spec.protocol import LAUNCH_MARKS, LaunchMark, ProtocolError, RankJob, RankReport, RankStart
+from perfsuite.core.protocol import LAUNCH_MARKS, LaunchMark, ProtocolError, RankJob, RankReport, RankStart
 
 Status = Literal["ok", "oom", "timeout", "crash", "skipped"]
 
@@ -98,7 +98,7 @@ class LaunchOutcome:
     """A warm launch's parent (:meth:`perfsuite.launch.warm.ParentFacts.as_json`)."""
 
     def timeline(self) -> list[tuple[LaunchMark, float]]:
-        """Every mark the launch passed, in :data:`~perfsuite.spec.protocol.LAUNCH_MARKS` order, as
+        """Every mark the launch passed, in :data:`~perfsuite.core.protocol.LAUNCH_MARKS` order, as
         seconds since the gate's spawn: the gate's, rank 0's and its agent's, and ``end`` at the
         wall time. Each is at least the one before (a process's start is read in 10 ms ticks).
         Empty for a launcher that does not mark its spawn."""

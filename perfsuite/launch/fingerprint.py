@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, TypeVar
 
+from perfsuite.core.engines import ENGINES
+from perfsuite.core.processor import processor
 from perfsuite.launch.identity import card_setting_changes
-from perfsuite.spec.engines import ENGINES
-from perfsuite.spec.processor import processor
 
 T = TypeVar("T")
 

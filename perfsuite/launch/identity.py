@@ -1,6 +1,6 @@
 """Which machine measured a baseline, against the machine measuring now.
 
-A baseline's fingerprint names the processor (:mod:`perfsuite.spec.processor`) and
+A baseline's fingerprint names the processor (:mod:`perfsuite.core.processor`) and
 each GPU card by UUID and serial (:func:`perfsuite.launch.fingerprint.card`). A
 verdict against a baseline from another processor or card names both, so a
 drop can be traced to the hardware rather than the code. Whether a timed metric
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from perfsuite.spec import processor as processors
+from perfsuite.core import processor as processors
 
 #: Processor fields that make two processors the same one for timing purposes.
 PROCESSOR_FIELDS = processors.PROCESSOR_FIELDS

@@ -18,7 +18,7 @@ from collections.abc import Collection
 
 import psutil
 
-from perfsuite.spec.protocol import LAUNCHER_VAR
+from perfsuite.core.protocol import LAUNCHER_VAR
 
 TOKEN_VAR = "PERFSUITE_RUN_TOKEN"
 GRACE_S = 5.0

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from perfsuite.core.protocol import RankStart
 from perfsuite.launch import warm
 from perfsuite.launch.base import Launcher, LaunchOutcome, WorkerJob, classify
 from perfsuite.launch.procs import TOKEN_VAR, dump_worker_stacks, kill_tagged
-from perfsuite.spec.protocol import RankStart
 
 #: torchrun's main, minus the interpreter teardown.
 AGENT_MODULE = "perfsuite.rank.worker.agent"

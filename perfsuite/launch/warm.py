@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perfsuite.core import procstat
+from perfsuite.core.protocol import WARM_RLIMITS
 from perfsuite.launch.procs import TOKEN_VAR
-from perfsuite.spec import procstat
-from perfsuite.spec.protocol import WARM_RLIMITS
 
 PARENT_MODULE = "perfsuite.rank.worker.warmparent"
 #: How long a parent may take to import its set: 2-4 s on the 2-core VM, with room for a cold

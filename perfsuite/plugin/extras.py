@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from perfsuite.core.profiles import HardwareProfile
+from perfsuite.core.protocol import COUNTED_FLOPS
 from perfsuite.judge.ceilings import Ceilings
 from perfsuite.judge.flops import mfu, of_peak
 from perfsuite.judge.results import ScenarioResult
 from perfsuite.reports.cost import cost_of
-from perfsuite.spec.profiles import HardwareProfile
-from perfsuite.spec.protocol import COUNTED_FLOPS
 
 
 @pytest.hookimpl

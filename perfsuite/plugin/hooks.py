@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+from perfsuite.core.models import probe
+from perfsuite.core.relations import Relation, RelationOutcome
+from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.gate.session import PerfSession, RunSettings, ScenarioResult
 from perfsuite.judge.ceilings import Ceilings, ceilings_first
 from perfsuite.judge.compare import MetricCheck, check_metric
@@ -28,9 +31,6 @@ from perfsuite.plugin.modes import StaleBaselineWarning  # noqa: F401  (users fi
 from perfsuite.plugin.modes.baseline import run_or_fail
 from perfsuite.reports.cost import ranking
 from perfsuite.reports.summary import ResultsWriteError, results_document, write_results
-from perfsuite.spec.models import probe
-from perfsuite.spec.relations import Relation, RelationOutcome
-from perfsuite.spec.workloads.base import BaseScenario
 
 SESSION_KEY = pytest.StashKey["PerfSession"]()
 ENVS_KEY = pytest.StashKey[dict[str, PythonEnv]]()

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from perfsuite.core.profiles import HardwareProfile
     from perfsuite.gate.session import ScenarioResult
     from perfsuite.judge.ceilings import Ceilings
     from perfsuite.judge.compare import MetricCheck
-    from perfsuite.spec.profiles import HardwareProfile
 
 hookspec = pytest.hookspec
 
@@ -57,7 +57,7 @@ def pytest_perfsuite_extra_metrics(
     the datasheet) for GPU microbenchmarks and ``ceiling`` (fraction of the
     session's measured best matmul) for training runs; yours runs beside it.
     Take only the arguments you need. To gate a metric, register it
-    (:mod:`perfsuite.spec.metrics`) and measure it on the ranks instead."""
+    (:mod:`perfsuite.core.metrics`) and measure it on the ranks instead."""
 
 
 @hookspec

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from perfsuite.core.profiles import HardwareProfile, ProfileError, ProfileRegistry, profile_for
 from perfsuite.launch import Launcher
 from perfsuite.launch.fingerprint import machine_fingerprint
 from perfsuite.launch.slurm import SlurmLauncher
 from perfsuite.launch.torchrun import LocalTorchrun, Topology, TopologyError, TorchrunLauncher
-from perfsuite.spec.profiles import HardwareProfile, ProfileError, ProfileRegistry, profile_for
 
 PROFILE_KEY = pytest.StashKey[HardwareProfile]()
 FINGERPRINT_KEY = pytest.StashKey[dict]()

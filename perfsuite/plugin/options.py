@@ -14,11 +14,11 @@ from typing import get_args
 
 import pytest
 
+from perfsuite.core.protocol import RankStart
 from perfsuite.gate.settings import OP_PROFILE_MODES
 from perfsuite.launch.envs import EnvError, PythonEnv, parse_envs
 from perfsuite.plugin import exitstatus
 from perfsuite.reports.cost import Job
-from perfsuite.spec.protocol import RankStart
 
 #: ``--perf-rank-start`` takes these.
 RANK_STARTS: tuple[RankStart, ...] = get_args(RankStart)

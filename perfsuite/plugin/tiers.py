@@ -1,7 +1,7 @@
 """``--perf-tier``: which scenarios a run selects by their ``tier`` field.
 
 A team gates its cheap rows on every pull request and runs everything nightly. Tiers are
-ordered (:data:`perfsuite.spec.workloads.TIERS`, cheapest first): ``--perf-tier pr`` keeps the
+ordered (:data:`perfsuite.core.workloads.TIERS`, cheapest first): ``--perf-tier pr`` keeps the
 ``pr`` scenarios, ``--perf-tier nightly`` every one. The others are deselected, as ``-k``
 would, so they are neither run nor counted as not judged; so are the relations that would run
 one of them. Pytest side, torch-free.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfsuite.spec.relations import Relation
-from perfsuite.spec.workloads import TIERS, BaseScenario
+from perfsuite.core.relations import Relation
+from perfsuite.core.workloads import TIERS, BaseScenario
 
 OPTION = "--perf-tier"
 

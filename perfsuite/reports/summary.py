@@ -6,19 +6,19 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from perfsuite.core import metrics as registry
+from perfsuite.core.files import atomic_write_json
+from perfsuite.core.relations import RelationOutcome
+from perfsuite.core.text import table
+from perfsuite.core.workloads.base import ran_otherwise
 from perfsuite.judge.results import ScenarioResult
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.files import atomic_write_json
-from perfsuite.spec.relations import RelationOutcome
-from perfsuite.spec.text import table
-from perfsuite.spec.workloads.base import ran_otherwise
 
 #: The columns every summary has; the registry's gated metrics go between "delta" and "verdict".
 COLUMNS = ("scenario", "status", "throughput", "delta", "verdict")
 
 
 def metric_columns(results: Iterable[ScenarioResult]) -> list[registry.Metric]:
-    """The gated metrics the results measured beside their headline figure (:func:`perfsuite.spec.metrics.columns`)."""
+    """The gated metrics the results measured beside their headline figure (:func:`perfsuite.core.metrics.columns`)."""
     return registry.columns((r.scenario.primary, r.metrics.values if r.metrics else ()) for r in results)
 
 

@@ -32,10 +32,10 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from perfsuite.spec import processor as processors
-from perfsuite.spec.files import atomic_write_json
-from perfsuite.spec.metrics import METRICS
-from perfsuite.spec.workloads.base import OUTCOMES
+from perfsuite.core import processor as processors
+from perfsuite.core.files import atomic_write_json
+from perfsuite.core.metrics import METRICS
+from perfsuite.core.workloads.base import OUTCOMES
 
 #: The version written when a scenario holds entries of several processors; a file without is
 #: written as version 1, which every perfsuite reads.

@@ -4,7 +4,7 @@ Written when a baseline is recorded, beside it but in a file of its own, so
 the baseline files' diffs stay readable. The same rules as baselines: an atomic
 write under the group file's lock, merged into what is on disk, and a corrupt
 or foreign file is an error that names it and is never rewritten. A summary
-over :data:`perfsuite.spec.opprofile.MAX_SUMMARY_BYTES` keeps fewer ops until it fits.
+over :data:`perfsuite.core.opprofile.MAX_SUMMARY_BYTES` keeps fewer ops until it fits.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from perfsuite.spec.files import atomic_write_json
-from perfsuite.spec.opprofile import MAX_SUMMARY_BYTES, OTHER, VERSION, OpProfile, OpStat
-from perfsuite.spec.protocol import ProtocolError, decode
+from perfsuite.core.files import atomic_write_json
+from perfsuite.core.opprofile import MAX_SUMMARY_BYTES, OTHER, VERSION, OpProfile, OpStat
+from perfsuite.core.protocol import ProtocolError, decode
 from perfsuite.store.baselines import LOCK_TIMEOUT_S, BaselineError
 
 FOLDER = "op_profiles"

@@ -15,7 +15,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from perfsuite.spec.profiles import BUILTIN_PROFILES, HardwareProfile
+from perfsuite.core.profiles import BUILTIN_PROFILES, HardwareProfile
 
 
 def pytest_perfsuite_profiles() -> list[HardwareProfile]:

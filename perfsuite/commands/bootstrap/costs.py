@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.commands.bootstrap.plan import Target
-from perfsuite.spec.files import atomic_write_json
+from perfsuite.core.files import atomic_write_json
 
 SCHEMA_VERSION = 1
 FILENAME = "bootstrap-costs.json"

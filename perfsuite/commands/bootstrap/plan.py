@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from perfsuite.core.profiles import HardwareProfile
+from perfsuite.core.workloads import BaseScenario
 from perfsuite.gate.fitting import fit_to_hardware, launch_precondition
-from perfsuite.spec.profiles import HardwareProfile
-from perfsuite.spec.workloads import BaseScenario
 
 StepKind = Literal["doctor", "ceilings", "baseline", "cv", "selftest", "report"]
 #: All-reduces at least this large measure the interconnect's bus bandwidth (a ceiling).

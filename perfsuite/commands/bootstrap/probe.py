@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from perfsuite.core.nvmlcodes import HARMLESS_REASONS, reasons_of
 from perfsuite.launch.fingerprint import visible_devices
-from perfsuite.spec.nvmlcodes import HARMLESS_REASONS, reasons_of
 
 T = TypeVar("T")
 

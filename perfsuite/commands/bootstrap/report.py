@@ -14,9 +14,9 @@ from typing import Any
 from perfsuite.commands.bootstrap.plan import Plan
 from perfsuite.commands.bootstrap.state import State
 from perfsuite.commands.bootstrap.steps import safe
+from perfsuite.core.files import atomic_write_json, atomic_write_text
 from perfsuite.reports.html import results as res
 from perfsuite.reports.html import summary
-from perfsuite.spec.files import atomic_write_json, atomic_write_text
 from perfsuite.store.baselines import BaselineError, BaselineStore
 
 

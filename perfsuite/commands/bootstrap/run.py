@@ -19,8 +19,8 @@ from perfsuite.commands.bootstrap.costs import FILENAME, Costs
 from perfsuite.commands.bootstrap.plan import START_MARGIN, Done, Plan, Settings, Step, fits, make_plan, targets_for
 from perfsuite.commands.bootstrap.state import State, StepRecord, done_in
 from perfsuite.commands.bootstrap.steps import Context, doctor_step, pytest_step, selftest_left, selftest_step
+from perfsuite.core.profiles import HardwareProfile
 from perfsuite.launch import identity, warm
-from perfsuite.spec.profiles import HardwareProfile
 from perfsuite.store.baselines import BaselineEntry, BaselineStore
 
 EXIT_COMPLETE, EXIT_FAILED, EXIT_INCOMPLETE = 0, 1, 3

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from perfsuite.commands.bootstrap.plan import Done, Target
-from perfsuite.spec.files import atomic_write_json
+from perfsuite.core.files import atomic_write_json
 from perfsuite.store.baselines import BaselineEntry, BaselineError, BaselineStore
 
 #: ``unreliable``: measured, but too noisy or throttled to record; retried on a rerun, not a failure.

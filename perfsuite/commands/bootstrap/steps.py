@@ -22,7 +22,7 @@ from typing import Any
 from perfsuite.commands.bootstrap.plan import Plan, Step
 from perfsuite.commands.bootstrap.probe import idle_readings
 from perfsuite.commands.bootstrap.state import Status, StepRecord
-from perfsuite.spec.files import atomic_write_json, atomic_write_text
+from perfsuite.core.files import atomic_write_json, atomic_write_text
 
 #: Verdicts of a scenario that leave its step done (other_machine: its memory judged, its
 #: timing not, against a baseline from another processor the plan did not record again).

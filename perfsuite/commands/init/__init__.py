@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.commands.init.install import Install, how_installed
-from perfsuite.spec.files import atomic_write_text
-from perfsuite.spec.models import HF_TASKS, hf_tasks_by_type
-from perfsuite.spec.models.probe import REFERENCE
+from perfsuite.core.files import atomic_write_text
+from perfsuite.core.models import HF_TASKS, hf_tasks_by_type
+from perfsuite.core.models.probe import REFERENCE
 
 #: What ``init`` writes, relative to the repository: file -> template.
 LAYOUT = {

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from perfsuite.core.profiles import CPU, HardwareProfile, gpu_profile
 from perfsuite.judge import sequential
 from perfsuite.judge.sequential import Design
 from perfsuite.judge.simulate import model, realgate, trials
@@ -29,7 +30,6 @@ from perfsuite.judge.simulate.noise import (
     typical_row,
 )
 from perfsuite.judge.simulate.rates import Rate, ab_detectable, detectable, rate, share
-from perfsuite.spec.profiles import CPU, HardwareProfile, gpu_profile
 from perfsuite.store.baselines import BaselineError, BaselineStore
 
 LEVELS = (0.0, 3.0, 5.0, 10.0)

@@ -20,12 +20,12 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import stdtr
 
+from perfsuite.core.profiles import HardwareProfile
 from perfsuite.judge.abtest import ALPHA as AB_ALPHA
 from perfsuite.judge.compare import ALPHA
 from perfsuite.judge.judging import SPREAD_GROWTH_FLOOR
 from perfsuite.judge.sequential import Design, decide
 from perfsuite.judge.simulate.noise import Row
-from perfsuite.spec.profiles import HardwareProfile
 
 Array = NDArray[np.float64]
 PASS, REGRESSION, UNRELIABLE = 0, 1, 2

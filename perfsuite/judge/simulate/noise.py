@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from perfsuite.core.profiles import HardwareProfile
 from perfsuite.judge.compare import resolve_tolerances
 from perfsuite.judge.trustworthy import tolerance
-from perfsuite.spec.profiles import HardwareProfile
 from perfsuite.store.baselines import BaselineEntry
 
 

@@ -10,10 +10,10 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats as scipy_stats
 
+from perfsuite.core.profiles import HardwareProfile
 from perfsuite.judge.sequential import REGRESSION, Design
 from perfsuite.judge.simulate import model
 from perfsuite.judge.simulate.noise import ProfileNoise, Row, min_effect_of, noise_of, primary_of, row_of
-from perfsuite.spec.profiles import HardwareProfile
 from perfsuite.store.baselines import BaselineEntry
 
 #: The largest slowdown searched (x21 the step time): beyond it a row is called blind.

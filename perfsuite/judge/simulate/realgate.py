@@ -11,6 +11,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from perfsuite.core.models import ModelSpec
+from perfsuite.core.profiles import HardwareProfile
+from perfsuite.core.workloads import Scenario
 from perfsuite.judge.abtest import RunOnce, run_ab
 from perfsuite.judge.abtest import compare as ab_compare
 from perfsuite.judge.compare import Judgement, check_metric
@@ -21,9 +24,6 @@ from perfsuite.judge.simulate.model import PASS, REGRESSION, UNRELIABLE, GateDra
 from perfsuite.judge.simulate.noise import Row
 from perfsuite.judge.stats import ScenarioMetrics, Summary
 from perfsuite.launch import LaunchOutcome
-from perfsuite.spec.models import ModelSpec
-from perfsuite.spec.profiles import HardwareProfile
-from perfsuite.spec.workloads import Scenario
 from perfsuite.store.baselines import BaselineEntry
 
 METRIC = "samples_per_s"

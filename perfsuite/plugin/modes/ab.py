@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from perfsuite.core.profiles import CPU, GPU_MIN_EFFECT, HardwareProfile
+from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.judge import sequential
 from perfsuite.judge.abtest import FLAG, ABResult, run_ab, summary_lines
 from perfsuite.judge.compare import resolve_tolerances
@@ -19,8 +21,6 @@ from perfsuite.judge.coverage import Outcome
 from perfsuite.launch.envs import EnvError, parse_ab, parse_envs
 from perfsuite.plugin import exitstatus
 from perfsuite.plugin.modes.base import Mode, say_nothing_measured
-from perfsuite.spec.profiles import CPU, GPU_MIN_EFFECT, HardwareProfile
-from perfsuite.spec.workloads.base import BaseScenario
 
 if TYPE_CHECKING:
     from perfsuite.gate.session import PerfSession

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
+from perfsuite.core.relations import Relation, RelationOutcome
+from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.judge.coverage import Outcome
-from perfsuite.spec.relations import Relation, RelationOutcome
-from perfsuite.spec.workloads.base import BaseScenario
 
 if TYPE_CHECKING:
     from perfsuite.gate.session import PerfSession

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from perfsuite.core.relations import Relation, RelationOutcome
+from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.judge.compare import FAILING
 from perfsuite.judge.coverage import Outcome
 from perfsuite.launch.devicelock import DeviceBusy
@@ -14,8 +16,6 @@ from perfsuite.plugin import exitstatus, options
 from perfsuite.plugin.modes.base import Mode, say_nothing_measured
 from perfsuite.reports.cost import ranking, ranking_lines
 from perfsuite.reports.summary import relation_lines, summary_lines
-from perfsuite.spec.relations import Relation, RelationOutcome
-from perfsuite.spec.workloads.base import BaseScenario
 from perfsuite.store.baselines import BaselineError
 
 if TYPE_CHECKING:

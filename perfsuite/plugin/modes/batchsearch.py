@@ -21,13 +21,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from perfsuite.core import metrics as registry
+from perfsuite.core.text import table
+from perfsuite.core.validation import ScenarioError
+from perfsuite.core.workloads.base import BaseScenario
+from perfsuite.core.workloads.train import Scenario
 from perfsuite.gate.session import Measurement, PerfSession
 from perfsuite.judge.stats import Summary
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.text import table
-from perfsuite.spec.validation import ScenarioError
-from perfsuite.spec.workloads.base import BaseScenario
-from perfsuite.spec.workloads.train import Scenario
 
 FLAG = "--perf-find-max-batch"
 START_FLAG = "--perf-max-batch-start"

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from perfsuite.core.workloads.base import BaseScenario
+from perfsuite.core.workloads.train import Scenario
 from perfsuite.judge.coverage import Outcome
 from perfsuite.plugin.modes.base import Mode, say_nothing_measured
 from perfsuite.plugin.modes.batchsearch import (
@@ -20,8 +22,6 @@ from perfsuite.plugin.modes.batchsearch import (
     resolved_here,
     trial_runner,
 )
-from perfsuite.spec.workloads.base import BaseScenario
-from perfsuite.spec.workloads.train import Scenario
 
 if TYPE_CHECKING:
     from perfsuite.gate.session import PerfSession

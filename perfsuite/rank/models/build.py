@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from perfsuite.spec.models import CLASSIFICATION_LABELS, FAMILIES, NEXT_SENTENCE_LABELS, ModelSpec
-from perfsuite.spec.protocol import import_object
+from perfsuite.core.models import CLASSIFICATION_LABELS, FAMILIES, NEXT_SENTENCE_LABELS, ModelSpec
+from perfsuite.core.protocol import import_object
 
 MLM_PROBABILITY = 0.15  # BERT pre-training masks 15% of tokens
 IGNORE_INDEX = -100

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from perfsuite.spec.models import CLASSIFICATION_LABELS, HF_TASKS, ModelSpec
+from perfsuite.core.models import CLASSIFICATION_LABELS, HF_TASKS, ModelSpec
 
 
 def _bert_config(m: ModelSpec, **extra: Any) -> Any:

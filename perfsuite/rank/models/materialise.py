@@ -23,8 +23,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from perfsuite.core.models import ModelSpec
 from perfsuite.rank.models.build import build_model
-from perfsuite.spec.models import ModelSpec
 
 #: How a rank's model came to be: what ``detail.materialised`` says.
 Materialised = Literal["on device", "meta, then sharded", "meta, then split", "zero.Init", "engine's own"]

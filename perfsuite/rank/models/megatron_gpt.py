@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perfsuite.spec.models import ModelSpec
+from perfsuite.core.models import ModelSpec
 
 INIT_STD = 0.02  # GPT-2 / Megatron initialisation
 

@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from perfsuite.spec.models import ModelSpec
-from perfsuite.spec.protocol import import_object
+from perfsuite.core.models import ModelSpec
+from perfsuite.core.protocol import import_object
 
 Batch = Mapping[str, torch.Tensor]
 
@@ -129,7 +129,7 @@ def recipe_batch(model: nn.Module, seq_len: int, rows: int, seed: int) -> Batch:
 
 
 def check_build(source: str, step: str, options: str) -> dict[str, str]:
-    """Import, build on meta, check the type: what :mod:`perfsuite.spec.models.probe` asks a child
+    """Import, build on meta, check the type: what :mod:`perfsuite.core.models.probe` asks a child
     interpreter (``{}`` when all is well, else the field at fault and the problem)."""
 
     def resolve(name: str, path: str) -> Any:

@@ -2,7 +2,7 @@
 training step, and say which tensors make up this rank's model state.
 
 What an engine *is* (options, devices, axes, extra) is declared torch-free in
-:mod:`perfsuite.spec.engines`; this module is what runs it."""
+:mod:`perfsuite.core.engines`; this module is what runs it."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from perfsuite.core.engines import EngineOptions
+from perfsuite.core.engines.base import OptionsT
+from perfsuite.core.layout import ParallelLayout
+from perfsuite.core.protocol import EngineUnavailable, import_object
 from perfsuite.rank.models.materialise import ModelFactory
 from perfsuite.rank.primitives import Precision, StateTensors, optimizer_state_tensors
 from perfsuite.rank.strategies import steps
-from perfsuite.spec.engines import EngineOptions
-from perfsuite.spec.engines.base import OptionsT
-from perfsuite.spec.layout import ParallelLayout
-from perfsuite.spec.protocol import EngineUnavailable, import_object
 
 __all__ = [
     "EngineUnavailable",
@@ -129,7 +129,7 @@ class TorchStrategy(Strategy):
     overriding a hook: :meth:`wrap`, :meth:`make_optimizer`,
     :meth:`make_precision`, :meth:`grad_sync` or :meth:`zero_grad`.
 
-    Options shared by such engines (:class:`perfsuite.spec.engines.StepOptions`): each block is
+    Options shared by such engines (:class:`perfsuite.core.engines.StepOptions`): each block is
     checkpointed before :meth:`wrap`; ``graph="compile"`` compiles the wrapped model whole
     (outside DDP, as accelerate does: dynamo's DDP optimizer splits the graph at the
     buckets), or each block before :meth:`wrap` where ``compile_blocks`` says so (FSDP2)."""

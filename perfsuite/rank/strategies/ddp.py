@@ -1,5 +1,5 @@
 """Plain data parallel: torch.nn.parallel.DistributedDataParallel, with its own settings
-(:class:`perfsuite.spec.engines.DDPOptions`) where the scenario gives them."""
+(:class:`perfsuite.core.engines.DDPOptions`) where the scenario gives them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from perfsuite.core.engines import DDPOptions
 from perfsuite.rank.strategies.base import TorchStrategy
-from perfsuite.spec.engines import DDPOptions
 
 
 class DDPStrategy(TorchStrategy):

@@ -7,7 +7,7 @@ initialised default group and only wraps it (``TorchBackend`` skips
 DeepSpeed's collectives run on the worker's gloo/nccl group.
 
 A team's own config (option ``config``) runs as given, with the batch keys and the
-precision set from the scenario (:mod:`perfsuite.spec.engines.deepspeed_config` refused any that
+precision set from the scenario (:mod:`perfsuite.core.engines.deepspeed_config` refused any that
 disagreed at collection) and perfsuite's optimizer only where the config has none. At
 stage 3 the model is built inside ``deepspeed.zero.Init``: each module's parameters are
 partitioned as it is constructed, so no rank ever holds the whole model.
@@ -27,13 +27,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from perfsuite.core.engines import ZeroOptions
+from perfsuite.core.engines.base import OPTIMIZERS
+from perfsuite.core.engines.deepspeed_config import AUTO, PRECISION_KEYS, auto_keys
 from perfsuite.rank.models.materialise import ModelFactory
 from perfsuite.rank.primitives import DTYPES, StateTensors, optimizer_state_tensors
 from perfsuite.rank.strategies import steps
 from perfsuite.rank.strategies.base import EngineUnavailable, Strategy, StrategyContext, require
-from perfsuite.spec.engines import ZeroOptions
-from perfsuite.spec.engines.base import OPTIMIZERS
-from perfsuite.spec.engines.deepspeed_config import AUTO, PRECISION_KEYS, auto_keys
 
 SHM_COMM_OP = "deepspeed_shm_comm"  # deepspeed.ops.op_builder.cpu.comm.ShareMemCommBuilder.NAME
 ALL_GATHER_DEPRECATION = r"`torch\.distributed\.all_gather_into_tensor` is deprecated"

@@ -2,17 +2,17 @@
 ShardedDataParallel, which reduces each gradient only to the rank that owns
 its parameter and then drops the gradients this rank does not own.
 
-Option ``reduce_buffer_size``: see :class:`perfsuite.spec.engines.ShardedDDPOptions`.
+Option ``reduce_buffer_size``: see :class:`perfsuite.core.engines.ShardedDDPOptions`.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
+from perfsuite.core.engines import ShardedDDPOptions
 from perfsuite.rank.strategies import steps
 from perfsuite.rank.strategies.base import require
 from perfsuite.rank.strategies.fairscale_oss import FairscaleOSSStrategy
-from perfsuite.spec.engines import ShardedDDPOptions
 
 
 class FairscaleSDPStrategy(FairscaleOSSStrategy):

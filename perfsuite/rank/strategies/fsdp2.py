@@ -8,7 +8,7 @@ keeps the fp32 shards for the optimizer and reduce-scatters gradients in fp32;
 under autocast it would all-gather fp32 and re-cast per op. The catch: every
 op, layer norms and softmax included, runs in the low dtype, so numerics
 differ from the autocast rows. fp16 keeps a GradScaler; DTensor all-reduces
-its inf check across the shards. Options (:class:`perfsuite.spec.engines.FSDP2Options`)
+its inf check across the shards. Options (:class:`perfsuite.core.engines.FSDP2Options`)
 change the policy's dtypes, keep gathered parameters to the backward
 (``reshard_after_forward=False``) or offload the shards to host memory.
 
@@ -24,11 +24,11 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from perfsuite.core.engines import FSDP2Options
 from perfsuite.rank.models.build import transformer_blocks
 from perfsuite.rank.models.materialise import ModelFactory
 from perfsuite.rank.primitives import DTYPES, Precision
 from perfsuite.rank.strategies.base import EngineUnavailable, StrategyContext, TorchStrategy
-from perfsuite.spec.engines import FSDP2Options
 
 
 def _fsdp() -> ModuleType:

@@ -4,7 +4,7 @@
 Written against megatron-core 0.19.2 (which needs Python >= 3.12 and CUDA).
 The layout comes from the same ``strategy_options`` as ``tp_pp`` (``tp``,
 ``pp``, ``schedule``, ``microbatches``, ``virtual_stages``), plus two optional
-flags (see :class:`perfsuite.spec.engines.MegatronOptions`):
+flags (see :class:`perfsuite.core.engines.MegatronOptions`):
 
 * ``distributed_optimizer`` (default False): megatron's DistributedOptimizer
   (ZeRO-1: fp32 main params and Adam moments sharded over dp, gradients
@@ -58,11 +58,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from perfsuite.core.engines import MegatronOptions
+from perfsuite.core.layout import ParallelLayout
 from perfsuite.rank.models.materialise import ModelFactory
 from perfsuite.rank.primitives import StateTensors, optimizer_state_tensors
 from perfsuite.rank.strategies.base import EngineUnavailable, Strategy, StrategyContext
-from perfsuite.spec.engines import MegatronOptions
-from perfsuite.spec.layout import ParallelLayout
 
 INSTALL_HINT = "megatron-core is not installed: pip install 'perfsuite[megatron]'"
 VERIFIED_VERSION = (0, 19)  # the release whose API this module was checked against

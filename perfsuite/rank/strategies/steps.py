@@ -15,10 +15,10 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from perfsuite.core.engines import StepOptions
+from perfsuite.core.engines.base import OPTIMIZERS
+from perfsuite.core.protocol import import_object
 from perfsuite.rank.models.build import transformer_blocks
-from perfsuite.spec.engines import StepOptions
-from perfsuite.spec.engines.base import OPTIMIZERS
-from perfsuite.spec.protocol import import_object
 
 ParamsT = Iterable[nn.Parameter] | Iterable[dict[str, Any]]
 

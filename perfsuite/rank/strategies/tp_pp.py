@@ -1,7 +1,7 @@
 """3D parallelism: data x pipeline x tensor parallel with PyTorch-native parts.
 
 The layout comes from ``strategy_options`` (``tp``, ``pp``, ``schedule``,
-``microbatches``, ``virtual_stages``; see :class:`perfsuite.spec.engines.ParallelOptions`);
+``microbatches``, ``virtual_stages``; see :class:`perfsuite.core.engines.ParallelOptions`);
 dp is what tp x pp leaves of the world. Ranks form a DeviceMesh of shape
 (dp, pp, tp): tensor-parallel groups are adjacent ranks (rank = d*pp*tp + p*tp + t).
 
@@ -61,12 +61,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from perfsuite.core.engines import TPPPOptions
 from perfsuite.rank.models.materialise import ModelFactory
 from perfsuite.rank.models.megatron_gpt import INIT_STD, Block, GPTStage, causal_lm_loss
 from perfsuite.rank.primitives import Precision, StateTensors, local_tensor, optimizer_state_tensors
 from perfsuite.rank.strategies import steps
 from perfsuite.rank.strategies.base import EngineUnavailable, Strategy, StrategyContext
-from perfsuite.spec.engines import TPPPOptions
 
 BUCKET_ELEMENTS = 25 * 2**20  # data-parallel all-reduce bucket, like DDP's 25 MiB default (in elements)
 
@@ -164,7 +164,7 @@ class TPPPStrategy(Strategy):
 
     @classmethod
     def check(cls, ctx: StrategyContext) -> None:
-        _engines()  # the layout itself was validated at collection (perfsuite.spec.engines)
+        _engines()  # the layout itself was validated at collection (perfsuite.core.engines)
 
     # -- setup --------------------------------------------------------------
     @property

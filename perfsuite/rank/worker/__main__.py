@@ -1,7 +1,7 @@
 """Entry point of one rank: ``python -m perfsuite.rank.worker JOB.json`` (under torchrun),
 or this file run in a rank forked from its agent (:mod:`perfsuite.rank.worker.agent`).
 
-Reads the :class:`~perfsuite.spec.protocol.RankJob`, runs its workload kind's
+Reads the :class:`~perfsuite.core.protocol.RankJob`, runs its workload kind's
 runner and writes ``rankN.json``: status ``ok`` with raw measurements, or
 ``oom`` / ``crash`` / ``skipped`` with the error, so the parent can classify
 the run even when torchrun only reports an exit code.
@@ -26,6 +26,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from perfsuite.core.protocol import (
+    RANK_PROCESS_PREFIX,
+    EngineUnavailable,
+    RankJob,
+    RankReport,
+    RankStatus,
+    import_object,
+)
 from perfsuite.rank.worker import fresh, graph, watchdog
 from perfsuite.rank.worker.base import Runner
 from perfsuite.rank.worker.marks import mark, rank_started
@@ -36,14 +44,6 @@ from perfsuite.rank.worker.runtime import (
     WorkerContext,
     lift_cpu_memory_budget,
     runtime_fingerprint,
-)
-from perfsuite.spec.protocol import (
-    RANK_PROCESS_PREFIX,
-    EngineUnavailable,
-    RankJob,
-    RankReport,
-    RankStatus,
-    import_object,
 )
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1

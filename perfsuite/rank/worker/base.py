@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from perfsuite.core.protocol import RankJob, RankReport
 from perfsuite.rank.worker.runtime import Reporter, WorkerContext
-from perfsuite.spec.protocol import RankJob, RankReport
 
 
 class Runner(ABC):
@@ -21,7 +21,7 @@ class Runner(ABC):
         self.job = job
 
     def check(self, ctx: WorkerContext) -> None:  # noqa: B027 - optional hook, a no-op by default
-        """Raise :class:`~perfsuite.spec.protocol.EngineUnavailable` if this rank cannot run the workload."""
+        """Raise :class:`~perfsuite.core.protocol.EngineUnavailable` if this rank cannot run the workload."""
 
     @abstractmethod
     def run(self, ctx: WorkerContext, reporter: Reporter) -> RankReport:

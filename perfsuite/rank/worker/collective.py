@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from perfsuite.core.protocol import RankJob, RankReport
+from perfsuite.core.workloads.collective import ELEMENT_BYTES, CollectiveSpec
 from perfsuite.rank.worker.base import Runner
 from perfsuite.rank.worker.loop import Step, measure
 from perfsuite.rank.worker.runtime import Reporter, WorkerContext
-from perfsuite.spec.protocol import RankJob, RankReport
-from perfsuite.spec.workloads.collective import ELEMENT_BYTES, CollectiveSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

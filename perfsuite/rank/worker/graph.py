@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from perfsuite.core.protocol import EngineUnavailable
 from perfsuite.rank.strategies.base import Strategy
-from perfsuite.spec.protocol import EngineUnavailable
 
 ORT_ENV_COMMAND = "make env-ort"
 ORT_MODULE = "onnxruntime.training.ortmodule"

@@ -24,8 +24,8 @@ from typing import Any
 import psutil
 import torch
 
+from perfsuite.core.nvmlcodes import HARMLESS_REASONS, reasons_of
 from perfsuite.rank.worker.nvml import NvmlDevice
-from perfsuite.spec.nvmlcodes import HARMLESS_REASONS, reasons_of
 
 
 class HealthTracker:
@@ -72,7 +72,7 @@ class HealthTracker:
         for key in sorted({k for sample in self.samples for k in sample}):
             values = [s[key] for s in self.samples if key in s]
             summary[key] = {"min": min(values), "max": max(values), "mean": sum(values) / len(values)}
-        # perfsuite.spec.nvmlcodes says which reasons are harmless and why.
+        # perfsuite.core.nvmlcodes says which reasons are harmless and why.
         summary["throttled"] = bool(self.reasons - HARMLESS_REASONS)
         summary["contention"] = self.contention()
         return summary

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from perfsuite.core.opprofile import PLANTED_REGION, OpProfile
+from perfsuite.core.protocol import RankJob, RankReport
 from perfsuite.rank.worker.health import HealthTracker
 from perfsuite.rank.worker.memory import MemoryTracker
 from perfsuite.rank.worker.runtime import Reporter, WorkerContext
-from perfsuite.spec.opprofile import PLANTED_REGION, OpProfile
-from perfsuite.spec.protocol import RankJob, RankReport
 
 STEADY_WINDOW = 3  # trailing warmup steps whose spread decides "settled"
 PROFILED_LAUNCH_STEPS = 3  # measured steps of a launch that profiles (their median is its reference)

@@ -1,5 +1,5 @@
 """When a launched process reached each mark of its launch's timeline
-(:data:`~perfsuite.spec.protocol.LaunchMark`). Torch-free: the agent reads it
+(:data:`~perfsuite.core.protocol.LaunchMark`). Torch-free: the agent reads it
 before it imports torch.
 
 A process's own start is read from the kernel (``/proc/self/stat``), not from
@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any
 
-from perfsuite.spec.protocol import AGENT_MARKS_VAR, LaunchMark
+from perfsuite.core.protocol import AGENT_MARKS_VAR, LaunchMark
 
 Marks = dict[str, float]
 

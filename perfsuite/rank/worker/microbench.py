@@ -1,7 +1,7 @@
 """Rank side of the ``microbench`` and ``membw`` kinds: time kernels and blocks on one device.
 
 FLOP and byte counts are defined once, pytest side, in
-:mod:`perfsuite.spec.workloads.microbench`; this module only runs the work.
+:mod:`perfsuite.core.workloads.microbench`; this module only runs the work.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from perfsuite.core.protocol import EngineUnavailable, RankJob, RankReport
+from perfsuite.core.workloads.microbench import CopySpec, MicrobenchSpec, matmul_flops
 from perfsuite.rank.worker.base import Runner
 from perfsuite.rank.worker.loop import Step, measure
 from perfsuite.rank.worker.runtime import Reporter, WorkerContext
-from perfsuite.spec.protocol import EngineUnavailable, RankJob, RankReport
-from perfsuite.spec.workloads.microbench import CopySpec, MicrobenchSpec, matmul_flops
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 SEARCH_WARMUP = 3  # calls per shape before timing it, so cuBLAS has picked its kernel

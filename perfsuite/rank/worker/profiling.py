@@ -2,7 +2,7 @@
 
 Runs after the measured steps of a launch that asked for it
 (``RankJob.profile_steps``), so it never touches a measured step. The summary
-is an :class:`perfsuite.spec.opprofile.OpProfile`; the full Chrome trace goes next
+is an :class:`perfsuite.core.opprofile.OpProfile`; the full Chrome trace goes next
 to the rank's report, gzipped, unless it is over the size cap.
 """
 
@@ -23,7 +23,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from perfsuite.spec.opprofile import REGION_PREFIX, OpProfile, OpStat, top
+from perfsuite.core.opprofile import REGION_PREFIX, OpProfile, OpStat, top
 
 #: Largest gzipped trace kept per rank (MiB); above it only the summary remains.
 MAX_TRACE_MIB = 20

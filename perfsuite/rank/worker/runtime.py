@@ -12,8 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from perfsuite.core.protocol import LaunchMark, RankJob, RankReport
 from perfsuite.rank.worker.marks import Marks, mark
-from perfsuite.spec.protocol import LaunchMark, RankJob, RankReport
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class Reporter:
         folder.mkdir(parents=True, exist_ok=True)
 
     def mark(self, name: LaunchMark) -> None:
-        """This rank has reached ``name`` (:data:`~perfsuite.spec.protocol.LAUNCH_MARKS`)."""
+        """This rank has reached ``name`` (:data:`~perfsuite.core.protocol.LAUNCH_MARKS`)."""
         mark(self.marks, name)
 
     def phase(self, text: str) -> None:

@@ -7,6 +7,9 @@ import itertools
 import math
 from collections import deque
 
+from perfsuite.core.models import FAMILIES
+from perfsuite.core.protocol import COUNTED_FLOPS, RankJob, RankReport
+from perfsuite.core.workloads.train import TrainSpec
 from perfsuite.rank.models.build import training_batch
 from perfsuite.rank.models.materialise import ModelFactory
 from perfsuite.rank.primitives import count_state_bytes
@@ -16,9 +19,6 @@ from perfsuite.rank.worker.base import Runner
 from perfsuite.rank.worker.flopcount import counted_flops
 from perfsuite.rank.worker.loop import measure
 from perfsuite.rank.worker.runtime import Reporter, WorkerContext
-from perfsuite.spec.models import FAMILIES
-from perfsuite.spec.protocol import COUNTED_FLOPS, RankJob, RankReport
-from perfsuite.spec.workloads.train import TrainSpec
 
 BATCH_POOL = 2  # distinct synthetic batches cycled through, built before timing
 

@@ -34,14 +34,14 @@ from torch.utils.data import Dataset
 # the budget covers the job rather than transformers' and accelerate's imports.
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from perfsuite.core.protocol import EngineUnavailable, RankJob, RankReport
+from perfsuite.core.workloads.trainer import TrainerSpec
 from perfsuite.rank.models.build import build_model, synthetic_batch
 from perfsuite.rank.worker.base import Runner
 from perfsuite.rank.worker.health import HealthTracker
 from perfsuite.rank.worker.loop import LoopResult, burn
 from perfsuite.rank.worker.memory import MemoryTracker
 from perfsuite.rank.worker.runtime import Reporter, WorkerContext
-from perfsuite.spec.protocol import EngineUnavailable, RankJob, RankReport
-from perfsuite.spec.workloads.trainer import TrainerSpec
 
 EVAL_SEED_OFFSET = 1  # the evaluation set is drawn from its own seed, disjoint from training rows
 

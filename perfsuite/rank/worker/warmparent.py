@@ -44,8 +44,8 @@ from typing import Any
 
 import setproctitle
 
+from perfsuite.core import procstat
 from perfsuite.rank.worker import fresh
-from perfsuite.spec import procstat
 
 #: The parent's process name.
 PARENT_NAME = "perfsuite-warm"
@@ -228,7 +228,7 @@ def become_agent(request: Mapping[str, Any], inherited: list[int], base_path: li
     sys.path[:] = [request["cwd"], *base_path]
     importlib.invalidate_caches()
     os.sched_setaffinity(0, request["affinity"])
-    for name, (soft, hard) in request["rlimits"].items():  # perfsuite.spec.protocol.WARM_RLIMITS
+    for name, (soft, hard) in request["rlimits"].items():  # perfsuite.core.protocol.WARM_RLIMITS
         resource.setrlimit(getattr(resource, name), (soft, hard))
     os.umask(request["umask"])
     fresh.size_blas_pool(request["env"])

@@ -20,7 +20,7 @@ import threading
 
 import psutil
 
-from perfsuite.spec.protocol import LAUNCHER_VAR
+from perfsuite.core.protocol import LAUNCHER_VAR
 
 POLL_S = 1.0
 EXIT_CODE = 75  # EX_TEMPFAIL: the run was abandoned, not failed

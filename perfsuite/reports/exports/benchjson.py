@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.files import atomic_write_json
+from perfsuite.core import metrics as registry
+from perfsuite.core.files import atomic_write_json
 from perfsuite.store.vcs import Commit, current_commit
 
 JSON_FLAG = "--perf-benchmark-json"

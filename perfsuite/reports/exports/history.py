@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
+from perfsuite.core.files import atomic_write_json
 from perfsuite.reports.exports.changepoint import e_divisive
-from perfsuite.spec.files import atomic_write_json
 from perfsuite.store.vcs import Commit, current_commit
 
 FLAG = "--perf-history"

@@ -11,12 +11,12 @@ from typing import Any
 
 import jinja2
 
+from perfsuite.core import processor as processors
+from perfsuite.core.files import atomic_write_text
+from perfsuite.core.opprofile import TABLE_COLUMNS
 from perfsuite.launch.identity import describe_card
 from perfsuite.reports.html import efficiency, plots, summary
 from perfsuite.reports.html import results as res
-from perfsuite.spec import processor as processors
-from perfsuite.spec.files import atomic_write_text
-from perfsuite.spec.opprofile import TABLE_COLUMNS
 
 TEMPLATE = "page.html.j2"
 #: Config fields shown under a scenario's heading, when the kind has them.

@@ -16,8 +16,8 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from perfsuite.core import metrics as registry
 from perfsuite.reports.html import results as res
-from perfsuite.spec import metrics as registry
 
 if TYPE_CHECKING:
     from perfsuite.reports.exports.history import ChangePoint, Point

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from perfsuite.core import metrics as registry
+from perfsuite.core.workloads import BaseScenario
 from perfsuite.judge.compare import FAILING
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.workloads import BaseScenario
 
 Result = Mapping[str, Any]
 
@@ -28,7 +28,7 @@ VERDICT_STYLE: Mapping[str, str] = {
     "skipped": "muted",
 }
 
-#: Relation outcomes (perfsuite.spec.relations.RelationOutcome.status).
+#: Relation outcomes (perfsuite.core.relations.RelationOutcome.status).
 RELATION_STYLE: Mapping[str, str] = {"holds": "good", "violated": "bad", "skipped": "muted"}
 
 

@@ -7,13 +7,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from perfsuite.core import metrics as registry
+from perfsuite.core import processor as processors
+from perfsuite.core.opprofile import TABLE_COLUMNS
+from perfsuite.core.workloads.base import ran_otherwise
 from perfsuite.judge.explain import Explanation
 from perfsuite.launch.identity import describe_card
 from perfsuite.reports.html import results as res
-from perfsuite.spec import metrics as registry
-from perfsuite.spec import processor as processors
-from perfsuite.spec.opprofile import TABLE_COLUMNS
-from perfsuite.spec.workloads.base import ran_otherwise
 
 #: The columns every summary has; the registry's gated metrics go between "tolerance" and "detail".
 BASE_COLUMNS = ("scenario", "verdict", "throughput", "delta", "tolerance", "detail")

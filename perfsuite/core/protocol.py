@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from perfsuite.spec.files import atomic_write_json
-from perfsuite.spec.opprofile import OpProfile
-from perfsuite.spec.validation import COLLECTION_CHECKS
+from perfsuite.core.files import atomic_write_json
+from perfsuite.core.opprofile import OpProfile
+from perfsuite.core.validation import COLLECTION_CHECKS
 
 #: Environment variable naming the pytest process that launched a run
 #: (``host:pid:create_time``): ranks on its host exit when it is gone.
@@ -178,7 +178,7 @@ class WorkloadSpec:
     """What one kind of workload needs to run on a rank, resolved for the profile.
 
     Each workload kind subclasses this in its torch-free module (the training
-    loop: :class:`perfsuite.spec.workloads.train.TrainSpec`) and names the rank-side
+    loop: :class:`perfsuite.core.workloads.train.TrainSpec`) and names the rank-side
     class that runs it in ``runner``.
     """
 

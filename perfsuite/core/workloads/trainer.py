@@ -38,11 +38,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
 
-from perfsuite.spec.models import ModelSpec
-from perfsuite.spec.protocol import WorkloadSpec
-from perfsuite.spec.validation import check_choice, check_int, fail
-from perfsuite.spec.workloads.base import BaseScenario
-from perfsuite.spec.workloads.train import DYNAMO
+from perfsuite.core.models import ModelSpec
+from perfsuite.core.protocol import WorkloadSpec
+from perfsuite.core.validation import check_choice, check_int, fail
+from perfsuite.core.workloads.base import BaseScenario
+from perfsuite.core.workloads.train import DYNAMO
 
 Precision = Literal["fp32", "fp16", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)

@@ -2,7 +2,7 @@
 
 Each kind is a :class:`BaseScenario` subclass (torch-free, declared in test
 modules) that names the metrics it produces and the
-:class:`~perfsuite.spec.protocol.WorkloadSpec` its ranks receive, plus a rank-side
+:class:`~perfsuite.core.protocol.WorkloadSpec` its ranks receive, plus a rank-side
 runner (:class:`perfsuite.rank.worker.base.Runner`). Built in:
 
 * ``train`` (:class:`Scenario`): a training loop driven by an engine;
@@ -15,12 +15,12 @@ runner (:class:`perfsuite.rank.worker.base.Runner`). Built in:
 
 from __future__ import annotations
 
-from perfsuite.spec.validation import ScenarioError
-from perfsuite.spec.workloads.base import OUTCOMES, TIERS, BaseScenario, Outcome, Tier
-from perfsuite.spec.workloads.collective import Collective
-from perfsuite.spec.workloads.microbench import DeviceCopy, Microbench
-from perfsuite.spec.workloads.train import PRECISIONS, Precision, Scenario, TrainSpec
-from perfsuite.spec.workloads.trainer import TrainerScenario
+from perfsuite.core.validation import ScenarioError
+from perfsuite.core.workloads.base import OUTCOMES, TIERS, BaseScenario, Outcome, Tier
+from perfsuite.core.workloads.collective import Collective
+from perfsuite.core.workloads.microbench import DeviceCopy, Microbench
+from perfsuite.core.workloads.train import PRECISIONS, Precision, Scenario, TrainSpec
+from perfsuite.core.workloads.trainer import TrainerScenario
 
 __all__ = [
     "OUTCOMES",

@@ -3,8 +3,8 @@ Implementations live in :mod:`perfsuite.rank.strategies` (rank side)."""
 
 from __future__ import annotations
 
-from perfsuite.spec.engines import builtin as _builtin  # noqa: F401  (registers the built-in engines)
-from perfsuite.spec.engines.base import (
+from perfsuite.core.engines import builtin as _builtin  # noqa: F401  (registers the built-in engines)
+from perfsuite.core.engines.base import (
     ENGINES,
     EngineOptions,
     EngineSpec,
@@ -15,7 +15,7 @@ from perfsuite.spec.engines.base import (
     RunShape,
     StepOptions,
 )
-from perfsuite.spec.engines.builtin import (
+from perfsuite.core.engines.builtin import (
     DDPOptions,
     FSDP2Options,
     MegatronOptions,

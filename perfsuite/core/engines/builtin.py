@@ -10,7 +10,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from perfsuite.spec.engines.base import (
+from perfsuite.core.engines.base import (
     ENGINES,
     EngineSpec,
     OptionError,
@@ -19,7 +19,7 @@ from perfsuite.spec.engines.base import (
     StepOptions,
     check_optimizer,
 )
-from perfsuite.spec.engines.deepspeed_config import (
+from perfsuite.core.engines.deepspeed_config import (
     check_auto,
     check_batch_keys,
     check_config_stage,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, get_args
 
-from perfsuite.spec.engines import (
+from perfsuite.core.engines import (
     ENGINES,
     EngineOptions,
     EngineSpec,
@@ -23,11 +23,11 @@ from perfsuite.spec.engines import (
     RunShape,
     engine_spec,
 )
-from perfsuite.spec.layout import LayoutError, ParallelLayout
-from perfsuite.spec.models import ModelSpec
-from perfsuite.spec.protocol import WorkloadSpec, import_object, object_path
-from perfsuite.spec.validation import COLLECTION_CHECKS, check_choice, check_int, check_positive, fail
-from perfsuite.spec.workloads.base import BaseScenario
+from perfsuite.core.layout import LayoutError, ParallelLayout
+from perfsuite.core.models import ModelSpec
+from perfsuite.core.protocol import WorkloadSpec, import_object, object_path
+from perfsuite.core.validation import COLLECTION_CHECKS, check_choice, check_int, check_positive, fail
+from perfsuite.core.workloads.base import BaseScenario
 
 Precision = Literal["fp32", "fp16", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -106,7 +106,7 @@ class Scenario(BaseScenario):
     precision: Precision = "fp32"
     """fp32, or mixed precision fp16 (with a loss scaler) or bf16."""
     strategy: str = "ddp"
-    """Engine: a name from :mod:`perfsuite.spec.engines` or a ``package.module:Class`` Strategy."""
+    """Engine: a name from :mod:`perfsuite.core.engines` or a ``package.module:Class`` Strategy."""
     strategy_options: Mapping[str, Any] = field(default_factory=dict)
     """The engine's options, validated against its options dataclass."""
     micro_batch: int = 1

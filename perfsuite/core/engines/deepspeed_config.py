@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from perfsuite.spec.engines.base import OptionError, RunShape
+from perfsuite.core.engines.base import OptionError, RunShape
 
 #: Config keys perfsuite sets from the scenario, with the scenario field each one comes from.
 BATCH_KEYS: Mapping[str, str] = {

@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.validation import ScenarioError
-from perfsuite.spec.workloads.base import BaseScenario
+from perfsuite.core import metrics as registry
+from perfsuite.core.validation import ScenarioError
+from perfsuite.core.workloads.base import BaseScenario
 
 Op = Literal["<", ">", "~"]
 _OPS: dict[str, Callable[[float, float], bool]] = {"<": operator.lt, ">": operator.gt}

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal, get_args
 
-from perfsuite.spec.metrics import METRICS, MetricError
-from perfsuite.spec.protocol import RankStart
+from perfsuite.core.metrics import METRICS, MetricError
+from perfsuite.core.protocol import RankStart
 
 #: sigma_machine measured across three H100 sessions: provisional until the card-to-card panel
 #: (issue 37) has cross-card pairs. See ``HardwareProfile.machine_spread``.
@@ -116,7 +116,7 @@ class HardwareProfile:
     gpu_hour_price: float | None = None
     #: Currency of ``gpu_hour_price``.
     currency: str = "USD"
-    #: How a launch's processes start (:data:`~perfsuite.spec.protocol.RankStart`). ``warm``: the
+    #: How a launch's processes start (:data:`~perfsuite.core.protocol.RankStart`). ``warm``: the
     #: torchrun agent is forked from a warm parent that imported torch and the scenario's
     #: libraries once for the whole run (:mod:`perfsuite.launch.warm`), and the ranks from the
     #: agent. ``fork``: the agent is a fresh interpreter and the ranks its forks (torchrun
@@ -191,7 +191,7 @@ class HardwareProfile:
         return (self.name, *self.aliases, self.device)
 
 
-# Default tolerances come from each metric's registry entry (perfsuite.spec.metrics):
+# Default tolerances come from each metric's registry entry (perfsuite.core.metrics):
 # on cpu 40% for throughput (a shared 2-core machine swings by tens of percent
 # between runs), 15% for peak memory, 1% for exact model-state bytes.
 CPU = HardwareProfile(

@@ -21,8 +21,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from perfsuite.spec.models.probe import check_module, hf_attribute_map, hf_model_types
-from perfsuite.spec.validation import COLLECTION_CHECKS, check_choice, check_int, fail
+from perfsuite.core.models.probe import check_module, hf_attribute_map, hf_model_types
+from perfsuite.core.validation import COLLECTION_CHECKS, check_choice, check_int, fail
 
 Objective = Literal["mlm", "mlm_nsp", "causal_lm", "classification", "image_classification", "custom"]
 #: The tasks :meth:`ModelSpec.hf` accepts: the transformers auto class that puts the head on.

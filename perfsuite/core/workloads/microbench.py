@@ -33,9 +33,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
 
-from perfsuite.spec.protocol import WorkloadSpec
-from perfsuite.spec.validation import check_choice, check_int, fail
-from perfsuite.spec.workloads.base import BaseScenario
+from perfsuite.core.protocol import WorkloadSpec
+from perfsuite.core.validation import check_choice, check_int, fail
+from perfsuite.core.workloads.base import BaseScenario
 
 Op = Literal["matmul", "matmul_best", "vector_mul", "layer"]
 OPS: tuple[str, ...] = get_args(Op)

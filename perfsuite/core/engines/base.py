@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar, get_type_hints
 
-from perfsuite.spec.layout import SCHEDULES, ParallelLayout, Schedule
-from perfsuite.spec.protocol import Device, ProtocolError, decode_value
-from perfsuite.spec.validation import COLLECTION_CHECKS
+from perfsuite.core.layout import SCHEDULES, ParallelLayout, Schedule
+from perfsuite.core.protocol import Device, ProtocolError, decode_value
+from perfsuite.core.validation import COLLECTION_CHECKS
 
 OptionsT = TypeVar("OptionsT", bound="EngineOptions")
 
@@ -115,7 +115,7 @@ class EngineOptions:
 def check_optimizer(name: str, factories: bool = True) -> None:
     """An ``optimizer`` option: a name of :data:`OPTIMIZERS` or a ``package.module:function``
     factory, which a child interpreter imports at collection (the pytest process never imports torch)."""
-    from perfsuite.spec.models.probe import REFERENCE, check_callable
+    from perfsuite.core.models.probe import REFERENCE, check_callable
 
     if name in OPTIMIZERS:
         return
@@ -163,7 +163,7 @@ class NoOptions(EngineOptions):
 @dataclass(frozen=True)
 class ParallelOptions(EngineOptions):
     """The layout options of a tensor/pipeline-parallel engine (see
-    :class:`perfsuite.spec.layout.ParallelLayout`; dp is what tp x pp leaves)."""
+    :class:`perfsuite.core.layout.ParallelLayout`; dp is what tp x pp leaves)."""
 
     tp: int = 1
     """Tensor-parallel size."""

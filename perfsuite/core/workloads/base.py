@@ -3,7 +3,7 @@ plan, expectations and per-profile variants.
 
 A kind subclasses :class:`BaseScenario` with its own fields and declares, as
 class attributes, its name, the registered metrics its ranks produce, its
-headline metric and the :class:`~perfsuite.spec.protocol.WorkloadSpec` it sends to
+headline metric and the :class:`~perfsuite.core.protocol.WorkloadSpec` it sends to
 the ranks. Launch, aggregation, judgement, baselines, relations and reporting
 read only this interface, so they are the same code for every kind.
 Torch-free.
@@ -19,13 +19,13 @@ from dataclasses import KW_ONLY, dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
-from perfsuite.spec import metrics as registry
-from perfsuite.spec.metrics import Metric, MetricError
-from perfsuite.spec.protocol import WorkloadSpec
-from perfsuite.spec.validation import ScenarioError, check_int, check_positive, fail
+from perfsuite.core import metrics as registry
+from perfsuite.core.metrics import Metric, MetricError
+from perfsuite.core.protocol import WorkloadSpec
+from perfsuite.core.validation import ScenarioError, check_int, check_positive, fail
 
 if TYPE_CHECKING:
-    from perfsuite.spec.engines.base import MissingPackage
+    from perfsuite.core.engines.base import MissingPackage
 
 Outcome = Literal["ok", "oom"]
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
@@ -56,7 +56,7 @@ class BaseScenario:
     kind: ClassVar[str]
     """Name of the workload kind (``train``, ...)."""
     metrics: ClassVar[tuple[str, ...]]
-    """Registered metrics its ranks produce (see :mod:`perfsuite.spec.metrics`)."""
+    """Registered metrics its ranks produce (see :mod:`perfsuite.core.metrics`)."""
     primary: ClassVar[str]
     """Its headline throughput metric: shown first, and its CV decides ``unreliable``."""
 
@@ -227,7 +227,7 @@ class BaseScenario:
         return (self.rank_spec().runner.partition(":")[0],)
 
     def spec_fields(self) -> dict[str, Any]:
-        """The :class:`~perfsuite.spec.protocol.WorkloadSpec` fields every kind fills the same way."""
+        """The :class:`~perfsuite.core.protocol.WorkloadSpec` fields every kind fills the same way."""
         return {
             "id": self.id,
             "world_size": self.world_size,
