@@ -1,4 +1,4 @@
-"""Group engines_1gpu: every training engine at world size 1 (issue 37).
+"""Group engines_1gpu: every training engine at world size 1.
 
 A2's rows need two ranks or more to mean anything: sharding across one rank
 shards nothing, and NCCL refuses two ranks on one GPU ("Duplicate GPU

@@ -14,7 +14,7 @@ DDP's gradients as bucket views and a larger micro-batch, eager and compiled. Th
 seed's own setup ran at a fraction of its V100; these show what the stack does when
 it is used well, where a regression in a fused kernel is not diluted by overhead.
 Their micro-batch is provisional until an H100 run picks it with
-``--perf-find-max-batch`` (issue 37).
+``--perf-find-max-batch``.
 """
 
 from perfsuite import ModelSpec, Relation, Scenario, parametrize, parametrize_relations

@@ -18,7 +18,7 @@ Two best-practice rows without a seed row (CUDA only) stand beside the single-GP
 GPT-1.3B AMP row: bf16 autocast without a scaler, ``gelu_pytorch_tanh`` for GPT-2's
 Python ``gelu_new``, fused AdamW, DDP's gradients as bucket views and 4 sequences per
 micro-batch instead of 1, eager and compiled (provisional until an H100 run picks the
-micro-batch with ``--perf-find-max-batch``, issue 37).
+micro-batch with ``--perf-find-max-batch``).
 """
 
 from perfsuite import (

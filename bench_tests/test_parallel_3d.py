@@ -22,7 +22,7 @@ embeddings) is close to the seed's: 29% vs 29% of the model at pp=4.
 Two best-practice rows without a seed row (CUDA only) stand beside tp1_pp1: bf16
 autocast, fused AdamW and 4 sequences per micro-batch instead of 1 (the same 4
 micro-batches of accumulation), eager and compiled per block (provisional until an
-H100 run picks the micro-batch with ``--perf-find-max-batch``, issue 37).
+H100 run picks the micro-batch with ``--perf-find-max-batch``).
 
 Model state per rank is exact, so the sharding claims are checked as
 relations on every profile. They compare runs that differ only in tp or pp;

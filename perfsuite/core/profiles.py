@@ -18,7 +18,7 @@ from perfsuite.core.metrics import METRICS, MetricError
 from perfsuite.core.protocol import RankStart
 
 #: sigma_machine measured across three H100 sessions: provisional until the card-to-card panel
-#: (issue 37) has cross-card pairs. See ``HardwareProfile.machine_spread``.
+#: has cross-card pairs. See ``HardwareProfile.machine_spread``.
 PROVISIONAL_GPU_MACHINE_SPREAD = round(0.017 / math.sqrt(2), 4)
 
 
@@ -57,23 +57,16 @@ class HardwareProfile:
     calibration_floor: float | None = 0.03
     #: Max coefficient of variation of the primary metric's per-step samples
     #: before a run is judged ``unreliable`` rather than pass or regression.
-    #: GPU default measured on an H200 (2026-11-26, docs/gpu-runs/): training
-    #: rows of 40-110 ms steps spread 6-10% step to step (host-side jitter and
-    #: single slow steps; BERT-base AMP 7.6%, its fine-tuning twin 10.2%,
-    #: GPT-1.3B DDP 5.9%, the Trainer 7.5%), microbenchmarks 0.2-4% and fp8's
-    #: power-capped matmul 13%. At 5% every training row there was
-    #: unjudgeable; the mean of 20 such steps is still known to ~2%, and the
-    #: gate's Welch test uses that spread.
+    #: GPU training rows spread 6-10% step to step from host-side jitter, yet the
+    #: mean of 20 steps is known to ~2% and the Welch test uses that spread
+    #: (docs/lab/profile-defaults.md).
     max_cv: float = 0.15
     #: A regression whose primary metric spreads step to step more than this many
     #: times as much as when its baseline was recorded (and by over 2%) is
     #: ``unreliable``: the machine is not in the state the baseline and its
-    #: tolerance describe. Seen on an H100 (2026-11-26): BERT fine-tuning AMP,
-    #: recorded at 04:14 UTC at 0.8% per-step CV, fell 8-14% in two launches with
-    #: nothing planted about 09:39 UTC the same day (fourth session). Those two
-    #: kept no per-step spread; a later gate run there spread 5.4% and passed at
-    #: -2.1%. Whether this rule would have caught the two is not known. None: off
-    #: (cpu, where the contention probe and wide tolerances cover a busy host).
+    #: tolerance describe (an H100 row recorded at 0.8% CV fell 8-14% with nothing
+    #: planted: docs/lab/profile-defaults.md). None: off (cpu, where the contention
+    #: probe and wide tolerances cover a busy host).
     max_spread_growth: float | None = 3.0
     #: Whether a timed metric (``Metric.timed``: samples/s, TFLOP/s, ...) is judged against a
     #: baseline recorded on another processor (``perfsuite.launch.identity``). False on cpu: the
@@ -84,12 +77,11 @@ class HardwareProfile:
     timed_on_other_processor: bool = True
     #: sigma_machine of the tolerance model (``perfsuite.judge.trustworthy``): the spread of one machine's
     #: offset (card, host, session) across the machines of this profile, used where a calibration
-    #: pool has too few machines to measure it. The GPU figure is provisional, from three H100
-    #: sessions on 2026-11-26 (issue 37): 13 rows measured again in a later session moved from
-    #: their baselines by an RMS of 1.7% (95% interval 1.2-2.8%), against 0.3-0.6% launch to
-    #: launch. That is the difference of two sessions' offsets, so one offset spreads by
-    #: 1.7% / sqrt(2) = 1.2% (0.85-2.0%). None: no figure (cpu, whose timing is judged on the
-    #: recording processor only; several hosts of that processor still measure their spread).
+    #: pool has too few machines to measure it. The GPU figure is provisional: rows measured again
+    #: in a later session moved by an RMS of 1.7%, the difference of two sessions' offsets, so one
+    #: offset spreads by 1.7% / sqrt(2) = 1.2% (docs/lab/profile-defaults.md). None: no figure
+    #: (cpu, whose timing is judged on the recording processor only; several hosts of that
+    #: processor still measure their spread).
     machine_spread: float | None = PROVISIONAL_GPU_MACHINE_SPREAD
     #: The smallest slowdown that matters here (0.02: steps 2% slower): what the sequential A/B
     #: (``--perf-ab``, ``ab-rev``, ``bisect``) decides regression or pass against. A scenario's
@@ -100,8 +92,8 @@ class HardwareProfile:
     steady_threshold: float = 0.05
     #: MiB of the reference workload each rank times after every measured step
     #: (``samples_per_ref``); 0: none. Off in the built-in profiles: on the cpu
-    #: VM it did not track the drift, and hashing 8 MiB between steps cooled the
-    #: caches enough to slow a matmul microbenchmark by ~10%.
+    #: VM it did not track the drift and slowed a matmul microbenchmark by ~10%
+    #: (docs/lab/reference-workload.md).
     reference_mib: int = 0
     #: A regression measured while other processes kept more CPU cores than
     #: this busy (on average, on the busiest host) is ``unreliable``.
@@ -206,12 +198,9 @@ CPU = HardwareProfile(
     max_spread_growth=None,
     timed_on_other_processor=False,
     machine_spread=None,
-    # Above the footprint after the row's libraries are imported (RankJob.imports).
-    # Measured for model_state_sharding's cpu shape (torch 2.13, DeepSpeed
-    # 0.19.8, transformers 5.24) under budgets 50 MiB apart: fp32 DDP needs
-    # 750-800 MiB; the heaviest run that must fit, bf16 ZeRO-3, 550-600. 675
-    # leaves >= 75 MiB on either side; every other cpu scenario fits (the lab
-    # notes, launch overhead).
+    # Above the footprint after the row's libraries are imported (RankJob.imports):
+    # between what bf16 ZeRO-3 needs (550-600 MiB, must fit) and fp32 DDP (750-800,
+    # must not) on model_state_sharding's cpu shape (docs/lab/profile-defaults.md).
     rank_memory_budget_mib=675,
     calibration_floor=None,
     # A 2-core VM's launches spread 3% (the ab-rev trials' pairs): 10% is about 2 sigma of a pair.
