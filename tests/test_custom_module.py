@@ -1,5 +1,6 @@
 """A team's own ``nn.Module`` as a scenario's model (issue 29): ``ModelSpec.module`` names a build
-function by import path, collection refuses what cannot be built (naming the field), and a repo
+function by import path, collection refuses what cannot be built (naming the field: construction
+checks the form, the collection step builds it in a child interpreter), and a repo
 perfsuite has never seen records baselines of its module under DDP and ZeRO-2 (bf16) on cpu, with
 its own step. (The example repo, tests/test_init.py, trains a module under DDP and FSDP2 and catches
 a planted slowdown.)"""
@@ -10,6 +11,7 @@ import os
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import record_team, require
@@ -17,6 +19,7 @@ from conftest import record_team, require
 from perfsuite.core.models import ModelSpec, probe
 from perfsuite.core.protocol import COUNTED_FLOPS
 from perfsuite.core.validation import ScenarioError
+from perfsuite.plugin import collection
 
 #: A team's package: blocks in a ModuleList (FSDP2 shards them one by one), a regression loss,
 #: and a custom step that runs the model twice (a consistency loss).
@@ -63,18 +66,25 @@ TEAM_MODELS = textwrap.dedent(
 
 @pytest.fixture
 def team_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """teampkg importable here and, for the collection check's child, on the ranks' path."""
+    """teampkg importable here and, for the collection check's child, on the ranks' path (:func:`checked`)."""
     (tmp_path / "teampkg").mkdir()
     (tmp_path / "teampkg" / "__init__.py").write_text("")
     (tmp_path / "teampkg" / "models.py").write_text(TEAM_MODELS)
     monkeypatch.syspath_prepend(str(tmp_path))
-    token = probe.RANK_PATH.set(os.pathsep.join(p for p in (str(tmp_path), probe.RANK_PATH.get()) if p))
     yield tmp_path
-    probe.RANK_PATH.reset(token)
+
+
+def checked(spec: ModelSpec, team: Path) -> ModelSpec:
+    """``spec`` once the collection step's child has built it, with ``team``'s package on the ranks'
+    path; raises the problem the step reports."""
+    error = spec.probe(os.pathsep.join((str(team), probe.interpreter_path())))
+    if error is not None:
+        raise error
+    return spec
 
 
 def test_a_module_reference_is_checked_by_building_it_on_meta(team_package: Path) -> None:
-    spec = ModelSpec.module("teampkg.models:build", step="teampkg.models:twice", width=16)
+    spec = checked(ModelSpec.module("teampkg.models:build", step="teampkg.models:twice", width=16), team_package)
     assert (spec.family, spec.source, spec.step, spec.config, spec.objective) == (
         "module", "teampkg.models:build", "teampkg.models:twice", {"width": 16}, "custom",
     )  # fmt: skip
@@ -99,7 +109,7 @@ def test_a_bad_module_reference_fails_naming_the_field(
     team_package: Path, source: str, options: dict, field: str, words: str
 ) -> None:
     with pytest.raises(ScenarioError, match=f"field '{field}' {words}"):
-        ModelSpec.module(source, **options)
+        checked(ModelSpec.module(source, **options), team_package)
 
 
 def test_a_module_beside_the_tests_that_the_ranks_cannot_import_fails_collection(pytester: pytest.Pytester) -> None:
@@ -121,7 +131,7 @@ def test_a_module_beside_the_tests_that_the_ranks_cannot_import_fails_collection
 
 def test_a_bad_step_reference_names_the_step(team_package: Path) -> None:
     with pytest.raises(ScenarioError, match="field 'step' names no function"):
-        ModelSpec.module("teampkg.models:build", step="teampkg.models:thrice")
+        checked(ModelSpec.module("teampkg.models:build", step="teampkg.models:thrice"), team_package)
 
 
 def test_shape_fields_belong_to_the_build_function(team_package: Path) -> None:
@@ -181,5 +191,22 @@ def test_a_rank_decodes_its_job_without_building_in_a_child_interpreter(team_pac
     doc["spec"]["model"]["source"] = "teampkg.gone:build"
     decoded = RankJob.from_json(doc)
     assert decoded.spec.model.source == "teampkg.gone:build"  # type: ignore[attr-defined]
-    with pytest.raises(ScenarioError, match="cannot be imported"):  # outside a job, the same spec is checked
-        ModelSpec.module("teampkg.gone:build")
+    with pytest.raises(ScenarioError, match="cannot be imported"):  # the collection step checks the same spec
+        checked(ModelSpec.module("teampkg.gone:build"), team_package)
+
+
+def test_construction_checks_the_form_and_the_collection_step_the_build(team_package: Path) -> None:
+    # A scenario file's values start no child (a rank decodes the same ones): the step does, with the
+    # ranks' path as its argument, and finds each problem once however many scenarios share the model.
+    from perfsuite import Scenario
+
+    gone = ModelSpec.module("teampkg.gone:build")
+    shape: dict[str, Any] = dict(world_size=1, micro_batch=2, global_batch=2, seq_len=16)
+    scenarios = [Scenario("team", "a", gone, **shape), Scenario("team", "b", gone, **shape)]
+    path = os.pathsep.join((str(team_package), probe.interpreter_path()))
+    assert [str(e) for e in collection.problems(scenarios, path)] == [
+        "scenario 'model teampkg.gone:build': field 'source' cannot be imported: ModuleNotFoundError: "
+        "No module named 'teampkg.gone'"
+    ]
+    built = Scenario("team", "c", ModelSpec.module("teampkg.models:build"), **shape)
+    assert collection.problems([built], path) == []

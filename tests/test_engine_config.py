@@ -1,7 +1,8 @@
 """A team's own engine configuration in a scenario (issue 38), checked at collection:
 a whole DeepSpeed config (dict or JSON file), DDP's and FSDP2's own settings, the
-optimizer and activation checkpointing of engines that build their own step, and
-torch.compile with every engine that takes it. All torch-free: the pytest side."""
+optimizer and activation checkpointing of engines that build their own step (a factory
+imported by the collection step's child interpreter), and torch.compile with every engine
+that takes it. All torch-free: the pytest side."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from perfsuite import ModelSpec, Scenario, ScenarioError
 from perfsuite.core.engines import ENGINES, ZeroOptions, deepspeed_config
 from perfsuite.core.models import probe
 from perfsuite.judge.definition import changes, definition
+from perfsuite.plugin import collection
 
 GPT = ModelSpec("megatron_gpt", layers=2, hidden=64, heads=2, vocab=512, max_positions=32)
 SHAPE: dict[str, Any] = dict(world_size=2, micro_batch=4, global_batch=16, seq_len=32)
@@ -118,6 +120,15 @@ def test_an_optimizer_op_this_machine_cannot_build_skips_naming_torch_adam(monke
     deepspeed_config._op_problem.cache_clear()
 
 
+def collected(scenario: Scenario, rank_path: str = "") -> Scenario:
+    """``scenario`` once the collection step has checked it, the ranks' path being ``rank_path``
+    (default: this interpreter's); raises the first problem the step reports."""
+    problems = collection.problems([scenario], rank_path or probe.interpreter_path())
+    if problems:
+        raise problems[0]
+    return scenario
+
+
 @pytest.mark.parametrize(
     ("strategy", "options", "message"),
     [
@@ -133,7 +144,7 @@ def test_an_optimizer_op_this_machine_cannot_build_skips_naming_torch_adam(monke
 )  # fmt: skip
 def test_bad_step_options_are_refused_naming_the_option(strategy: str, options: dict[str, Any], message: str) -> None:
     with pytest.raises(ScenarioError, match=message):
-        Scenario("g", "n", GPT, strategy=strategy, strategy_options=options, **SHAPE)
+        collected(Scenario("g", "n", GPT, strategy=strategy, strategy_options=options, **SHAPE))
 
 
 def test_megatron_core_refuses_the_optimizer_option_with_its_reason() -> None:
@@ -145,14 +156,21 @@ def test_a_team_optimizer_factory_is_checked_by_importing_it(tmp_path: Path) -> 
     (tmp_path / "teamopt.py").write_text(
         "def make(params, lr):\n    import torch\n    return torch.optim.SGD(params, lr)\n"
     )
-    # On the ranks' path, as a team's package is (the collection check's child imports it from there).
-    token = probe.RANK_PATH.set(os.pathsep.join(p for p in (str(tmp_path), probe.RANK_PATH.get()) if p))
-    try:
-        Scenario("g", "n", GPT, strategy="fsdp2", strategy_options={"optimizer": "teamopt:make"}, **SHAPE)
-        with pytest.raises(ScenarioError, match="names no function: module 'teamopt' has no callable 'build'"):
-            Scenario("g", "n", GPT, strategy="fsdp2", strategy_options={"optimizer": "teamopt:build"}, **SHAPE)
-    finally:
-        probe.RANK_PATH.reset(token)
+    # On the ranks' path, as a team's package is (the collection step's child imports it from there).
+    path = os.pathsep.join((str(tmp_path), probe.interpreter_path()))
+    collected(Scenario("g", "n", GPT, strategy="fsdp2", strategy_options={"optimizer": "teamopt:make"}, **SHAPE), path)
+    with pytest.raises(ScenarioError, match="names no function: module 'teamopt' has no callable 'build'"):
+        collected(
+            Scenario("g", "n", GPT, strategy="fsdp2", strategy_options={"optimizer": "teamopt:build"}, **SHAPE), path
+        )
+
+
+def test_a_factory_only_a_variant_names_is_checked_in_that_variant() -> None:
+    # The declared options take a named optimizer; the cpu variant's factory is refused naming the variant.
+    bad = {"strategy_options": {"optimizer": "nosuchpkg.opt:make"}}
+    scenario = Scenario("g", "n", GPT, strategy="ddp", variants={"cpu": bad}, **SHAPE)
+    with pytest.raises(ScenarioError, match=r"'nosuchpkg.opt:make' cannot be imported.*\(in variants\['cpu'\]\)$"):
+        collected(scenario)
 
 
 def test_every_option_is_part_of_the_definition() -> None:

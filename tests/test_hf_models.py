@@ -12,7 +12,7 @@ import pytest
 from conftest import CPU_PROFILE, record_team, require, team_gate
 
 from perfsuite.core import models
-from perfsuite.core.models import ModelSpec
+from perfsuite.core.models import ModelSpec, probe
 from perfsuite.core.protocol import COUNTED_FLOPS
 from perfsuite.core.validation import ScenarioError
 
@@ -94,8 +94,11 @@ def test_a_decoder_only_classifier_trains_a_batch_of_several_rows() -> None:
     ],
 )
 def test_a_bad_model_reference_names_its_field(make, field: str, words: str) -> None:
+    # Construction checks the form; the collection step asks transformers about the type and the task.
     with pytest.raises(ScenarioError, match=f"field '{field}'.*{words}"):
-        make()
+        error = make().probe(probe.interpreter_path())
+        if error is not None:
+            raise error
 
 
 HF_MODULE = """

@@ -20,7 +20,6 @@ from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin,
 
 from perfsuite.core.files import atomic_write_json
 from perfsuite.core.opprofile import OpProfile
-from perfsuite.core.validation import COLLECTION_CHECKS
 
 #: Environment variable naming the pytest process that launched a run
 #: (``host:pid:create_time``): ranks on its host exit when it is gone.
@@ -243,11 +242,7 @@ class RankJob:
             spec_type = import_object(data.pop("spec_type"))
         except (KeyError, ImportError, AttributeError) as exc:
             raise ProtocolError(f"RankJob: spec_type cannot be resolved ({exc!r})") from None
-        token = COLLECTION_CHECKS.set(False)
-        try:
-            spec = decode(spec_type, data.get("spec"), "RankJob.spec")
-        finally:
-            COLLECTION_CHECKS.reset(token)
+        spec = decode(spec_type, data.get("spec"), "RankJob.spec")
         return decode(cls, data, "RankJob", decoded={"spec": spec})
 
     def write(self, path: Path) -> None:

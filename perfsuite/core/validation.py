@@ -6,13 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from contextvars import ContextVar
 from typing import Any
-
-#: Whether specs run their collection-time checks that cost a child interpreter (a model type
-#: transformers knows, a module reference that builds). Off while a rank decodes its job: the
-#: pytest process checked the same spec at collection, and the rank builds it anyway.
-COLLECTION_CHECKS: ContextVar[bool] = ContextVar("perfsuite_collection_checks", default=True)
 
 
 class ScenarioError(ValueError):

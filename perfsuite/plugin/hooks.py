@@ -7,16 +7,14 @@ verdict fails, skips or passes *that* test, never a session hook.
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import os
 import shutil
 import sys
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from perfsuite.core.models import probe
 from perfsuite.core.relations import Relation, RelationOutcome
 from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.gate.session import PerfSession, RunSettings, ScenarioResult
@@ -26,7 +24,7 @@ from perfsuite.judge.coverage import Coverage, coverage_of
 from perfsuite.launch import Launcher
 from perfsuite.launch.envs import PythonEnv
 from perfsuite.launch.progress import Progress
-from perfsuite.plugin import exitstatus, guards, hookspecs, machine, modes, options, tiers
+from perfsuite.plugin import collection, exitstatus, guards, hookspecs, machine, modes, options, tiers
 from perfsuite.plugin.modes import StaleBaselineWarning  # noqa: F401  (users filter perfsuite.plugin.hooks.StaleBaselineWarning)
 from perfsuite.plugin.modes.baseline import run_or_fail
 from perfsuite.reports.cost import ranking
@@ -35,7 +33,6 @@ from perfsuite.reports.summary import ResultsWriteError, results_document, write
 SESSION_KEY = pytest.StashKey["PerfSession"]()
 ENVS_KEY = pytest.StashKey[dict[str, PythonEnv]]()
 LAUNCHER_KEY = pytest.StashKey[Launcher]()
-RANK_PATH_KEY = pytest.StashKey[contextvars.Token[str | None]]()
 
 # perfsuite's default extra metrics and its exporters are pytest plugins of
 # their own: each implements a perfsuite hook (pytest_perfsuite_extra_metrics,
@@ -67,15 +64,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--perf-profile"):
         machine.profile(config)  # fail fast on an unknown profile name
     config.stash[LAUNCHER_KEY] = machine.launcher(config)  # e.g. slurm outside an allocation
-    # Collection checks a module as its ranks import it; reset when this run ends (pytester runs in-process).
-    config.stash[RANK_PATH_KEY] = probe.RANK_PATH.set(_worker_env(config)["PYTHONPATH"])
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    token = config.stash.get(RANK_PATH_KEY, None)
-    if token is not None:
-        with contextlib.suppress(ValueError):  # set in another context (a thread pytest ran this in)
-            probe.RANK_PATH.reset(token)
 
 
 def _compare(config: pytest.Config) -> Any:
@@ -98,6 +86,16 @@ def _extra_metrics(config: pytest.Config) -> Any:
     return extra
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """The collection step: a module (or class) whose tests take a scenario that a child interpreter
+    finds wrong fails to collect, as it did when the scenario's constructor asked the child."""
+    report = yield
+    return collection.checked(collector, report)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Only the selected tier's scenarios (--perf-tier); ceiling-setting microbenchmarks run first,
     so every later training result can be set against this session's measured best (perfsuite.judge.ceilings)."""
@@ -106,11 +104,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _worker_env(config: pytest.Config) -> dict[str, str]:
-    # Workers import scenario-supplied strategy modules from the project, as the
-    # pytest process can: put rootdir and the invocation dir on their path.
-    paths = [str(config.rootpath), str(config.invocation_params.dir)]
-    existing = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": os.pathsep.join([*paths, *([existing] if existing else [])])}
+    # The path the collection step checked the scenarios' modules with.
+    return {"PYTHONPATH": collection.rank_path(config)}
 
 
 @pytest.fixture(scope="session")

@@ -18,8 +18,8 @@ from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar, get_type_hints
 
 from perfsuite.core.layout import SCHEDULES, ParallelLayout, Schedule
+from perfsuite.core.models.probe import REFERENCE, check_callable
 from perfsuite.core.protocol import Device, ProtocolError, decode_value
-from perfsuite.core.validation import COLLECTION_CHECKS
 
 OptionsT = TypeVar("OptionsT", bound="EngineOptions")
 
@@ -88,7 +88,7 @@ class EngineOptions:
             values = {k: decode_value(hints[k], v, f"option {k!r}") for k, v in options.items()}
             return cls(**values)
         except (ProtocolError, OptionError) as exc:
-            raise OptionError(f"is invalid for engine {engine!r}: {exc}") from None
+            raise OptionError(invalid_for(engine, str(exc))) from None
 
     def layout(self, world_size: int) -> ParallelLayout:
         """The parallel layout these options describe: data parallel only by default."""
@@ -111,12 +111,22 @@ class EngineOptions:
         """Why these options cannot run on ``device`` here ("" if they can)."""
         return ""
 
+    def probe(self, rank_path: str) -> str:
+        """What a child interpreter on ``rank_path`` (the ranks' PYTHONPATH) finds wrong with these
+        options ("" if nothing): the collection step's check (:mod:`perfsuite.plugin.collection`),
+        never the constructor's, since a rank parses the same options."""
+        return ""
+
+
+def invalid_for(engine: str, problem: str) -> str:
+    """How ``strategy_options`` that ``engine`` cannot take are refused (``problem`` names the option)."""
+    return f"is invalid for engine {engine!r}: {problem}"
+
 
 def check_optimizer(name: str, factories: bool = True) -> None:
-    """An ``optimizer`` option: a name of :data:`OPTIMIZERS` or a ``package.module:function``
-    factory, which a child interpreter imports at collection (the pytest process never imports torch)."""
-    from perfsuite.core.models.probe import REFERENCE, check_callable
-
+    """An ``optimizer`` option's form: a name of :data:`OPTIMIZERS` or a ``package.module:function``
+    factory (which :func:`optimizer_problem` has a child interpreter import at collection: the pytest
+    process never imports torch)."""
     if name in OPTIMIZERS:
         return
     if not (isinstance(name, str) and REFERENCE.match(name)):
@@ -129,9 +139,13 @@ def check_optimizer(name: str, factories: bool = True) -> None:
             f"option 'optimizer' takes one of {', '.join(OPTIMIZERS)} here: this engine wraps an optimizer "
             f"class in its own sharded optimizer, so a factory {name!r} cannot be used"
         )
-    problem = check_callable(name) if COLLECTION_CHECKS.get() else ""
-    if problem:
-        raise OptionError(f"option 'optimizer' {problem}")
+
+
+def optimizer_problem(name: str, rank_path: str) -> str:
+    """What a child interpreter on ``rank_path`` finds wrong with a well-formed ``optimizer``
+    option ("" if nothing; a named optimizer needs no child)."""
+    problem = "" if name in OPTIMIZERS else check_callable(name, rank_path)
+    return f"option 'optimizer' {problem}" if problem else ""
 
 
 @dataclass(frozen=True)
@@ -149,6 +163,9 @@ class StepOptions(EngineOptions):
 
     def __post_init__(self) -> None:
         check_optimizer(self.optimizer, self.takes_factory)
+
+    def probe(self, rank_path: str) -> str:
+        return optimizer_problem(self.optimizer, rank_path)
 
 
 def _required(f: dataclasses.Field[Any]) -> bool:

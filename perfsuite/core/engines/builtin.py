@@ -18,6 +18,7 @@ from perfsuite.core.engines.base import (
     RunShape,
     StepOptions,
     check_optimizer,
+    optimizer_problem,
 )
 from perfsuite.core.engines.deepspeed_config import (
     check_auto,
@@ -101,6 +102,9 @@ class TPPPOptions(ParallelOptions):
 
     def __post_init__(self) -> None:
         check_optimizer(self.optimizer)
+
+    def probe(self, rank_path: str) -> str:
+        return optimizer_problem(self.optimizer, rank_path)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from perfsuite.core.models.probe import check_module, hf_attribute_map, hf_model_types
-from perfsuite.core.validation import COLLECTION_CHECKS, check_choice, check_int, fail
+from perfsuite.core.models.probe import build_problem, hf_attribute_map, hf_model_types, reference_problem
+from perfsuite.core.validation import ScenarioError, check_choice, check_int, fail
 
 Objective = Literal["mlm", "mlm_nsp", "causal_lm", "classification", "image_classification", "custom"]
 #: The tasks :meth:`ModelSpec.hf` accepts: the transformers auto class that puts the head on.
@@ -184,7 +184,7 @@ class ModelSpec:
         ``function(device, dtype, **options)`` and returning a :class:`perfsuite.rank.models.module.Recipe`
         (the model, a batch maker, how to get the loss). ``step`` optionally names a function
         ``step(model, batch) -> loss`` to time instead of perfsuite's forward. Checked at
-        collection by a child interpreter that imports both and builds on the meta device."""
+        collection (:meth:`probe`) by a child interpreter that imports both and builds on the meta device."""
         return cls("module", source=build, task="custom", config=options, step=step)
 
     @classmethod
@@ -256,9 +256,22 @@ class ModelSpec:
             if getattr(self, name):
                 raise fail(owner, name, "is not a field of your own module's spec: give it to your build function")
         self._check_config_json(owner)
-        problem = check_module(self.source, self.step, self.config, build=COLLECTION_CHECKS.get())
+        problem = reference_problem(self.source, self.step)
         if problem:
-            raise fail(owner, problem[0], problem[1])
+            raise fail(owner, *problem)
+
+    def probe(self, rank_path: str) -> ScenarioError | None:
+        """What a child interpreter finds wrong with this model (None: nothing): a ``module`` reference
+        that a child on ``rank_path`` (the ranks' PYTHONPATH) cannot build on the meta device, an
+        ``hf`` model type or task this transformers lacks. The collection step asks
+        (:mod:`perfsuite.plugin.collection`), never construction: a rank decodes the same spec."""
+        owner = f"model {self.source}"
+        if self.family == "module":
+            problem = build_problem(str(self.source), self.step, self.config, rank_path)
+            return fail(owner, *problem) if problem else None
+        if self.family == "hf":
+            return _transformers_problem(owner, str(self.source), str(self.task))
+        return None
 
     def _check_config_json(self, owner: str) -> None:
         try:
@@ -284,21 +297,6 @@ class ModelSpec:
                        "builds models offline, from a model type with config fields or a local config.json")  # fmt: skip
         check_choice(owner, "task", self.task, HF_TASKS)
         self._check_config_json(owner)
-        self._check_transformers(owner, self.source, str(self.task))
-
-    @staticmethod
-    def _check_transformers(owner: str, model_type: str, task: str) -> None:
-        """The model type and the task against this transformers (asked of a child; at collection only)."""
-        known = hf_tasks_by_type() if COLLECTION_CHECKS.get() else {}
-        if not known:
-            return
-        if model_type not in known:
-            raise fail(owner, "source", f"is no transformers model type here (transformers knows {len(known)}, "
-                       "e.g. llama, qwen2, mistral, vit); a Hub model's own type is its config.json's model_type")  # fmt: skip
-        if task not in known[model_type]:
-            takes = ", ".join(known[model_type]) or f"none of {', '.join(HF_TASKS)}"
-            raise fail(owner, "task", f"{task!r} has no {model_type} model in transformers ({HF_TASKS[task]} lacks "
-                       f"it); {model_type} takes: {takes}")  # fmt: skip
 
     @property
     def objective(self) -> Objective:
@@ -321,10 +319,35 @@ def hf_tasks_by_type() -> Mapping[str, tuple[str, ...]]:
     return hf_model_types(tuple(HF_TASKS.items()))
 
 
+def _transformers_problem(owner: str, model_type: str, task: str) -> ScenarioError | None:
+    """The model type and the task against this transformers (asked of a child once; None when it
+    takes them or transformers is missing)."""
+    known = hf_tasks_by_type()
+    if not known:
+        return None
+    if model_type not in known:
+        return fail(
+            owner,
+            "source",
+            f"is no transformers model type here (transformers knows {len(known)}, "
+            "e.g. llama, qwen2, mistral, vit); a Hub model's own type is its config.json's model_type",
+        )
+    if task not in known[model_type]:
+        takes = ", ".join(known[model_type]) or f"none of {', '.join(HF_TASKS)}"
+        return fail(
+            owner,
+            "task",
+            f"{task!r} has no {model_type} model in transformers ({HF_TASKS[task]} lacks "
+            f"it); {model_type} takes: {takes}",
+        )
+    return None
+
+
 def _stored_keys(model_type: str) -> Mapping[str, str]:
     """The keys a ``model_type`` config.json stores the shape under (GPT-2: ``n_layer``...), as its
-    config class maps them; asked of transformers at collection."""
-    found = hf_attribute_map(model_type) if COLLECTION_CHECKS.get() else {}
+    config class maps them: what :meth:`ModelSpec.hf` builds the spec from, so asked of transformers
+    when a scenario file calls it (a rank decodes the finished spec and never calls it)."""
+    found = hf_attribute_map(model_type)
     if found is None:
         raise fail(f"model {model_type}", "source", "could not be read: the child interpreter asking transformers "
                    "for this type's config keys failed (is the machine short of memory or time?)")  # fmt: skip

@@ -1,13 +1,17 @@
-"""Collection-time checks of a model reference that need torch, asked of a child interpreter.
+"""Checks of a model reference or an option that need torch, asked of a child interpreter.
 
 The pytest process never imports torch, and transformers' auto classes and a team's model
 module do. So :func:`hf_model_types` asks a child for the model types transformers knows and
 the tasks each takes, :func:`hf_attribute_map` for the keys a config stores its shape under,
-and, for a ``ModelSpec.module`` reference, a child (``python -m perfsuite.rank.models.module``)
-imports the build function and the optional step function, calls the build on the ``meta``
-device (shapes only, no memory) and checks that it returns a
+and, for a ``ModelSpec.module`` reference, :func:`build_problem` has a child (``python -m
+perfsuite.rank.models.module``) import the build function and the optional step function, call
+the build on the ``meta`` device (shapes only, no memory) and check that it returns a
 :class:`perfsuite.rank.models.module.Recipe`. It answers with the field at fault and what is
-wrong, as JSON. One child per distinct reference and session.
+wrong, as JSON. One child per distinct reference, path and session.
+
+Values never call these as they are built (a rank decodes the same values and must start no
+child): the pytest side's collection step (:mod:`perfsuite.plugin.collection`) does, with the
+ranks' PYTHONPATH as an argument.
 """
 
 from __future__ import annotations
@@ -20,34 +24,35 @@ import re
 import subprocess
 import sys
 from collections.abc import Mapping
-from contextvars import ContextVar
 from typing import Any
 
-#: The PYTHONPATH the ranks get, set by the plugin for its run: the child checks a module
-#: reference with it, so what passes collection imports on every rank (pytest's own path
-#: also holds the test folders it prepends, which the ranks lack). None outside a pytest
-#: run of the plugin: this interpreter's ``sys.path``.
-RANK_PATH: ContextVar[str | None] = ContextVar("perfsuite_rank_path", default=None)
 #: ``package.module:function``.
 REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 #: How long the child may take: importing torch and the team's module, building on meta.
 PROBE_TIMEOUT_S = 300
 
 
-def check_module(source: str | None, step: str | None, options: Any, build: bool = True) -> tuple[str, str] | None:
-    """(field, problem) for a reference that cannot be built, else None; ``build=False`` checks the
-    references' form only (a rank, which builds the model itself)."""
+def interpreter_path() -> str:
+    """This interpreter's ``sys.path`` as a PYTHONPATH: what a caller outside a pytest run of the
+    plugin gives the probes as the ranks' path."""
+    return os.pathsep.join(p for p in sys.path if p)
+
+
+def reference_problem(source: str | None, step: str | None) -> tuple[str, str] | None:
+    """(field, problem) for a ``source`` or ``step`` that is no ``package.module:function``, else None
+    (the form alone: no child)."""
     for name, value in (("source", source), ("step", step)):
         if value is None and name == "step":
             continue
         if not isinstance(value, str) or not REFERENCE.match(value):
             return name, f"must be 'package.module:function', got {value!r}"
-    if not build:
-        return None
-    path = RANK_PATH.get()
-    return _probe(
-        str(source), step, json.dumps(options, sort_keys=True), path or os.pathsep.join(p for p in sys.path if p)
-    )
+    return None
+
+
+def build_problem(source: str, step: str | None, options: Any, rank_path: str) -> tuple[str, str] | None:
+    """(field, problem) for well-formed references that a child on ``rank_path`` (the ranks'
+    PYTHONPATH: what passes here imports on every rank) cannot import or build, else None."""
+    return _probe(source, step, json.dumps(options, sort_keys=True), rank_path)
 
 
 @functools.lru_cache(maxsize=64)
@@ -80,13 +85,12 @@ else:
 
 
 @functools.lru_cache(maxsize=64)
-def check_callable(reference: str) -> str:
+def check_callable(reference: str, rank_path: str) -> str:
     """What is wrong with a ``package.module:function`` reference ("" when a child interpreter,
-    on the ranks' path, imports it and finds a callable there)."""
-    path = RANK_PATH.get() or os.pathsep.join(p for p in sys.path if p)
+    on ``rank_path``, the ranks' PYTHONPATH, imports it and finds a callable there)."""
     try:
         done = subprocess.run([sys.executable, "-c", _CALLABLE, reference], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, env={**os.environ, "PYTHONPATH": path}, check=False)  # fmt: skip
+                              timeout=PROBE_TIMEOUT_S, env={**os.environ, "PYTHONPATH": rank_path}, check=False)  # fmt: skip
         answer = json.loads(done.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, OSError, IndexError, ValueError):
         return f"{reference!r} could not be checked: the child interpreter importing it failed"

@@ -217,6 +217,11 @@ class BaseScenario:
         """The engine package whose absence is the :meth:`precondition` on ``device`` (None if it is not)."""
         return None
 
+    def probe_fields(self, rank_path: str, where: str = "") -> tuple[ScenarioError, ...]:
+        """What child interpreters find wrong with this form's fields (a kind's part of :meth:`probe`;
+        none by default). ``where`` ends the messages about the scenario's own fields (a variant's)."""
+        return ()
+
     def rank_spec(self) -> WorkloadSpec:
         """The typed spec its ranks receive (built on :meth:`spec_fields`)."""
         raise NotImplementedError
@@ -291,6 +296,17 @@ class BaseScenario:
                 changed = {name: getattr(self, name) for name, new in overrides.items() if new != getattr(self, name)}
                 return dataclasses.replace(self, variants={}, declared=changed, **overrides)
         return dataclasses.replace(self, variants={})
+
+    def probe(self, rank_path: str) -> tuple[ScenarioError, ...]:
+        """What child interpreters find wrong with this scenario and its variants, declared form
+        first, each problem once (empty: nothing); ``rank_path`` is the ranks' PYTHONPATH. The checks
+        construction leaves out, so that a rank decodes its job without a child: the collection step
+        runs them (:mod:`perfsuite.plugin.collection`)."""
+        found = list(self.probe_fields(rank_path))
+        for key, overrides in self.variants.items():
+            variant = dataclasses.replace(self, variants={}, **overrides)
+            found += variant.probe_fields(rank_path, f" (in variants[{key!r}])")
+        return tuple({str(error): error for error in found}.values())
 
     def expected_outcome(self, keys: tuple[str, ...]) -> Outcome:
         for key in keys:

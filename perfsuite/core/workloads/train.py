@@ -23,10 +23,11 @@ from perfsuite.core.engines import (
     RunShape,
     engine_spec,
 )
+from perfsuite.core.engines.base import invalid_for
 from perfsuite.core.layout import LayoutError, ParallelLayout
 from perfsuite.core.models import ModelSpec
 from perfsuite.core.protocol import WorkloadSpec, import_object, object_path
-from perfsuite.core.validation import COLLECTION_CHECKS, check_choice, check_int, check_positive, fail
+from perfsuite.core.validation import ScenarioError, check_choice, check_int, check_positive, fail
 from perfsuite.core.workloads.base import BaseScenario
 
 Precision = Literal["fp32", "fp16", "bf16"]
@@ -74,14 +75,10 @@ class TrainSpec(WorkloadSpec):
     """Graph optimization of the model (:mod:`perfsuite.rank.worker.graph`)."""
 
     def engine_options(self) -> EngineOptions:
-        """The options as the engine's typed dataclass (on a rank: collection checked them,
-        so a team's optimizer factory is not asked of a child interpreter again)."""
+        """The options as the engine's typed dataclass (parsing checks their form only: a team's
+        optimizer factory was asked of a child interpreter at collection, not again on a rank)."""
         options_cls: type[EngineOptions] = import_object(self.options_type)
-        token = COLLECTION_CHECKS.set(False)
-        try:
-            return options_cls.parse(self.engine, self.options)
-        finally:
-            COLLECTION_CHECKS.reset(token)
+        return options_cls.parse(self.engine, self.options)
 
 
 @dataclass(frozen=True)
@@ -280,6 +277,12 @@ class Scenario(BaseScenario):
 
     def missing_package(self, device: str) -> MissingPackage | None:
         return self.engine.missing_package(device)
+
+    def probe_fields(self, rank_path: str, where: str = "") -> tuple[ScenarioError, ...]:
+        model = self.model.probe(rank_path)
+        problem = self.engine_options.probe(rank_path)
+        options = fail(self.id, "strategy_options", invalid_for(self.engine.name, problem) + where) if problem else None
+        return tuple(error for error in (model, options) if error is not None)
 
     def rank_spec(self) -> TrainSpec:
         engine = self.engine

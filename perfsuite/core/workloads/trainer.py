@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 from perfsuite.core.models import ModelSpec
 from perfsuite.core.protocol import WorkloadSpec
-from perfsuite.core.validation import check_choice, check_int, fail
+from perfsuite.core.validation import ScenarioError, check_choice, check_int, fail
 from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.core.workloads.train import DYNAMO
 
@@ -147,6 +147,10 @@ class TrainerScenario(BaseScenario):
         check_int(owner, "warmup_steps", self.warmup_steps, 1)  # step 1 builds optimizer state
         if self.seq_len > self.model.max_positions:
             raise fail(owner, "seq_len", f"exceeds model.max_positions={self.model.max_positions}")
+
+    def probe_fields(self, rank_path: str, where: str = "") -> tuple[ScenarioError, ...]:
+        error = self.model.probe(rank_path)
+        return (error,) if error is not None else ()
 
     def _validate_schedule(self) -> None:
         owner = self.id
