@@ -16,25 +16,21 @@ runner (:class:`perfsuite.rank.worker.base.Runner`). Built in:
 from __future__ import annotations
 
 from perfsuite.core.validation import ScenarioError
-from perfsuite.core.workloads.base import OUTCOMES, TIERS, BaseScenario, Outcome, Tier
+from perfsuite.core.workloads.base import TIERS, BaseScenario, Tier
 from perfsuite.core.workloads.collective import Collective
 from perfsuite.core.workloads.microbench import DeviceCopy, Microbench
-from perfsuite.core.workloads.train import PRECISIONS, Precision, Scenario, TrainSpec
+from perfsuite.core.workloads.train import Precision, Scenario
 from perfsuite.core.workloads.trainer import TrainerScenario
 
 __all__ = [
-    "OUTCOMES",
-    "PRECISIONS",
     "TIERS",
     "BaseScenario",
     "Collective",
     "DeviceCopy",
     "Microbench",
-    "Outcome",
     "Precision",
     "Scenario",
     "ScenarioError",
     "Tier",
-    "TrainSpec",
     "TrainerScenario",
 ]

@@ -343,4 +343,4 @@ def ran_otherwise(config: Mapping[str, Any]) -> str:
     return f"{declared} row ran {ran} on this profile"
 
 
-__all__ = ["OUTCOMES", "BaseScenario", "Outcome", "ScenarioError", "ran_otherwise"]
+__all__ = ["OUTCOMES", "BaseScenario", "Outcome", "ran_otherwise"]

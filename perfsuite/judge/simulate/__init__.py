@@ -14,26 +14,6 @@ Pytest side, torch-free.
 
 from __future__ import annotations
 
-from perfsuite.judge.simulate.noise import PROFILES, ProfileNoise, Row, noise_of, row_of
-from perfsuite.judge.simulate.rates import (
-    Detected,
-    ab_detectable,
-    ab_minimum_detectable,
-    detectable,
-    minimum_detectable,
-    sensitivity,
-)
+from perfsuite.judge.simulate.rates import ab_minimum_detectable, minimum_detectable, sensitivity
 
-__all__ = [
-    "PROFILES",
-    "Detected",
-    "ProfileNoise",
-    "Row",
-    "ab_detectable",
-    "ab_minimum_detectable",
-    "detectable",
-    "minimum_detectable",
-    "noise_of",
-    "row_of",
-    "sensitivity",
-]
+__all__ = ["ab_minimum_detectable", "minimum_detectable", "sensitivity"]

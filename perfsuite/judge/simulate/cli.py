@@ -29,7 +29,7 @@ from perfsuite.judge.simulate.noise import (
     row_of,
     typical_row,
 )
-from perfsuite.judge.simulate.rates import Rate, ab_detectable, detectable, rate, share
+from perfsuite.judge.simulate.rates import ab_detectable, detectable, rate, share
 from perfsuite.store.baselines import BaselineError, BaselineStore
 
 LEVELS = (0.0, 3.0, 5.0, 10.0)
@@ -305,4 +305,4 @@ def detectable_table(noise: ProfileNoise, profile: HardwareProfile, chosen: Opti
         )
 
 
-__all__ = ["LEVELS", "Options", "Rate", "options", "report", "run"]
+__all__ = ["LEVELS", "Options", "options", "report", "run"]

@@ -50,4 +50,4 @@ def selected(config: pytest.Config) -> type[Mode]:
     return next((mode for mode in MODES if mode.selected(config)), DEFAULT)
 
 
-__all__ = ["DEFAULT", "MODES", "ABMode", "BaselineMode", "MaxBatchMode", "Mode", "StaleBaselineWarning", "of", "pick"]
+__all__ = ["DEFAULT", "MODES", "StaleBaselineWarning", "of", "pick"]
