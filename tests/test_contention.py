@@ -60,6 +60,7 @@ def test_a_regression_measured_under_contention_is_unreliable(tmp_path: Path) ->
     assert result.verdict == "unreliable"
     assert "measured under contention (other processes kept 0.50 of a's 2 CPU cores busy" in result.judgement.message
     assert "samples_per_s" in result.judgement.message  # what would have been the regression
+    assert len(result.judgement.notes_of("contention")) == 2  # the doubt, then why it was not retried
 
 
 def test_too_much_spread_under_contention_names_the_contention(tmp_path: Path) -> None:

@@ -207,6 +207,7 @@ def test_a_contended_regression_waits_for_a_quiet_host_and_is_judged_on_a_fresh_
     assert result.verdict == "regression", result.judgement.message
     assert [a["verdict"] for a in result.attempts] == ["unreliable", "regression"]
     assert "measured again after the host went quiet; try 1: other processes kept 0.50" in result.judgement.message
+    assert len(result.judgement.notes_of("contention")) == 1
     assert waits.calls == [60.0] and perf.waited_s == 5.0
 
 
@@ -219,6 +220,7 @@ def test_a_host_that_stays_busy_gives_unreliable_naming_every_try(tmp_path: Path
     assert result.verdict == "unreliable" and len(result.attempts) == 3
     assert "all 3 measurement(s) contended (--perf-contention-retries 2)" in result.judgement.message
     assert "try 1: other processes kept 0.50" in result.judgement.message and "try 3:" in result.judgement.message
+    assert len(result.judgement.notes_of("contention")) == 2  # the doubt, then the tries
 
 
 def test_waiting_is_bounded_per_scenario_and_per_session(tmp_path: Path) -> None:

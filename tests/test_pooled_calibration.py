@@ -1,4 +1,4 @@
-"""Calibration pooled across machines (perfsuite.judge.trustworthy, perfsuite.commands.bootstrap.pool): fake runners
+"""Calibration pooled across machines (perfsuite.judge.calibration, perfsuite.commands.bootstrap.pool): fake runners
 whose launches differ by a machine offset, measured and judged without launching torch."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from perfsuite.core.models import ModelSpec
 from perfsuite.core.profiles import CPU, PROVISIONAL_GPU_MACHINE_SPREAD, HardwareProfile, gpu_profile
 from perfsuite.core.protocol import RankReport
 from perfsuite.gate.session import PerfSession, RunSettings
-from perfsuite.judge.trustworthy import components, tolerance
+from perfsuite.judge.calibration import spread_of, tolerance
 from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
 
 SCENARIO = Scenario(
@@ -142,13 +142,13 @@ def test_two_machines_that_happen_to_agree_keep_the_provisional_spread(tmp_path:
 
 def test_the_tolerance_model() -> None:
     assert tolerance(0.003, 0.0, 1, 0.03) == 0.03  # the floor
-    assert tolerance(0.01, 0.0, 1, 0.0) == round(3 * math.sqrt(2) * 0.01, 3)  # as before pooling
+    assert tolerance(0.01, 0.0, 1, 0.0) == round(3 * math.sqrt(2) * 0.01, 3)  # one machine, no spread
     assert tolerance(0.003, 0.02, 4, 0.0) == round(3 * math.sqrt(2 * 0.003**2 + 1.25 * 0.02**2), 3)
     assert tolerance(0.5, 0.5, 1, 0.03) == 0.9  # the ceiling
-    spread = components([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])  # textbook one-way ANOVA
+    spread = spread_of([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])  # textbook one-way ANOVA
     assert spread.mean == 3.5 and spread.cv_launch == pytest.approx(1 / 3.5)
     assert spread.machine == pytest.approx(math.sqrt((13.5 - 1) / 3) / 3.5)
-    assert components([[1.0, 3.0], [2.0, 2.0]]).machine == 0.0  # means that agree: floored at 0
+    assert spread_of([[1.0, 3.0], [2.0, 2.0]]).machine == 0.0  # means that agree: floored at 0
 
 
 def test_a_machine_recalibrated_replaces_its_own_launches(tmp_path: Path) -> None:

@@ -91,6 +91,7 @@ def test_planted_slowdown_fails_after_its_confirmation(tmp_path: Path) -> None:
     assert result.verdict == "regression" and launcher.count == 2
     assert [a["verdict"] for a in result.attempts] == ["regression", "regression"]
     assert "confirmed by 1 fresh measurement" in result.judgement.message
+    assert len(result.judgement.notes_of("confirmation")) == 1
     (check,) = [c for c in result.judgement.checks if c.metric == "samples_per_s"]
     assert check.p_value is not None and check.p_value < 0.05
 
@@ -101,6 +102,7 @@ def test_noisy_outlier_that_does_not_reproduce_passes(tmp_path: Path) -> None:
     result = perf.run(SCENARIO)
     assert result.verdict == "pass" and launcher.count == 2
     assert "did not reproduce it: treated as noise" in result.judgement.message
+    assert len(result.judgement.notes_of("confirmation")) == 1
     assert [a["verdict"] for a in result.attempts] == ["regression", "pass"]
 
 
@@ -141,6 +143,7 @@ def test_a_drop_with_a_several_fold_spread_is_unreliable_where_the_profile_says_
     assert verdicts["cpu"].verdict == "regression"
     assert verdicts["gpu-like"].verdict == "unreliable"
     assert "spreads 8.1% step to step against 0.7% when its baseline was recorded" in verdicts["gpu-like"].message
+    assert len(verdicts["gpu-like"].notes_of("spread")) == 1 and verdicts["cpu"].notes_of("spread") == ()
     perf, _ = session(tmp_path, [SLOW], confirm=0, profile=dataclasses.replace(CPU, max_spread_growth=3.0))
     assert perf.run(SCENARIO).verdict == "regression"  # slower but as steady: judged
 

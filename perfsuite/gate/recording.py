@@ -18,7 +18,7 @@ from typing import Any
 
 from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.gate.settings import RunSettings
-from perfsuite.judge import definition, trustworthy
+from perfsuite.judge import calibration, definition
 from perfsuite.judge.compare import Judgement
 from perfsuite.judge.results import ScenarioResult, baseline_metrics
 from perfsuite.judge.stats import ScenarioMetrics
@@ -59,46 +59,44 @@ def record(
     extra["definition"] = definition.definition(scenario.to_config())
     extra["provenance"] = provenance
     stack = fingerprint()
-    merge = trustworthy.end_pool(now())
+    merge = calibration.pool_ending_merge(now())
     if result.metrics is not None:
         metrics = baseline_metrics(result.metrics)
         if scenario.picks():
             extra[definition.PICKS] = definition.picked(scenario.picks(), result.metrics)
         if settings.calibrate:
-            tolerances, extra[trustworthy.CALIBRATION], merge = calibration(
-                scenario, result.metrics, settings, stack, provenance
-            )
+            tolerances, record, merge = calibrated(scenario, result.metrics, settings, stack, provenance)
+            extra[calibration.CALIBRATION] = record.to_json()
     entry = store.record(
         scenario.group, scenario.id, result.status, metrics, stack, tolerances=tolerances, extra=extra, merge=merge
     )
     result.baseline = entry
     if not tolerances:
         return Judgement("recorded", f"baseline recorded in {store.path(scenario.group)}")
-    calibrated = trustworthy.describe(
-        entry.extra[trustworthy.CALIBRATION], scenario.primary, entry.tolerances.get(scenario.primary)
-    )
+    # The entry written may pool other machines' sources: describe what was stored, not this machine's alone.
+    stored = calibration.Calibration.from_json(entry.extra[calibration.CALIBRATION])
+    described = stored.describe(scenario.primary, entry.tolerances.get(scenario.primary))
     return Judgement(
         "recorded",
         f"baseline and calibrated tolerances recorded in {store.path(scenario.group)}"
-        + (f" ({calibrated})" if calibrated else ""),
+        + (f" ({described})" if described else ""),
     )
 
 
-def calibration(
+def calibrated(
     scenario: BaseScenario,
     metrics: ScenarioMetrics,
     settings: RunSettings,
     stack: Mapping[str, Any],
     provenance: Mapping[str, Any],
-) -> tuple[dict[str, float], dict[str, Any], trustworthy.Merge]:
-    """This machine's calibration, and the merge that pools it with the other machines' the stored
-    entry holds (:mod:`perfsuite.judge.trustworthy`)."""
+) -> tuple[dict[str, float], calibration.Calibration, calibration.Merge]:
+    """This machine's calibrated tolerances and calibration record, and the merge that pools it with
+    the other machines' the stored entry holds (:mod:`perfsuite.judge.calibration`)."""
     defaults = settings.profile.default_tolerances(scenario.metrics)
-    ours = trustworthy.source(
-        metrics, trustworthy.calibrated_names(metrics, defaults), stack, provenance.get("commit"), now()
-    )
-    tolerances, data = trustworthy.calibrate(metrics, defaults, settings.profile, ours, scenario.primary)
-    return tolerances, data, trustworthy.rejoin(trustworthy.Facts.of(data), ours)
+    names = calibration.calibrated_names(metrics, defaults)
+    ours = calibration.source_of(metrics, names, stack, provenance.get("commit"), now())
+    tolerances, record = calibration.calibrate(metrics, defaults, settings.profile, ours, scenario.primary)
+    return tolerances, record, calibration.pooling_merge(record.facts, ours)
 
 
 def who() -> str:

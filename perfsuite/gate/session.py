@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from perfsuite.core.engines import MissingPackage
@@ -31,10 +30,17 @@ from perfsuite.gate.profiling import OpProfiles
 from perfsuite.gate.settings import RunSettings
 from perfsuite.judge import definition, judging
 from perfsuite.judge.ceilings import Ceilings
-from perfsuite.judge.compare import FAILING, Judgement, MetricCheck, check_metric
+from perfsuite.judge.compare import FAILING, Judgement, MetricCheck, Note, check_metric
 from perfsuite.judge.contention import Quiet, wait_for_quiet
 from perfsuite.judge.explain import Explanation
-from perfsuite.judge.results import Measurement, ScenarioResult, attempt, baseline_metrics, no_extra_metrics
+from perfsuite.judge.results import (
+    Measurement,
+    OneLaunch,
+    ScenarioResult,
+    attempt,
+    baseline_metrics,
+    no_extra_metrics,
+)
 from perfsuite.judge.stats import ScenarioMetrics
 from perfsuite.judge.trustworthy import untrustworthy
 from perfsuite.launch import Launcher
@@ -101,10 +107,6 @@ class PerfSession:
         self.launches.launcher = launcher  # tests swap the launcher between runs
 
     @property
-    def progress(self) -> Progress:
-        return self.launches.progress
-
-    @property
     def runtime(self) -> dict[str, Any]:
         """Rank 0's torch/CUDA/NCCL builds, once seen."""
         return self.launches.runtime
@@ -153,11 +155,6 @@ class PerfSession:
         """perfsuite's version and the checkout's commit, read once per session."""
         return definition.provenance(self.settings.baselines_dir.parent)
 
-    def launcher_for(self, scenario: BaseScenario) -> Launcher:
-        """The session's launcher, or for a multi-node scenario under the local
-        launcher, torchrun agents emulating its nodes on this host (over loopback)."""
-        return self.launches.launcher_for(scenario)
-
     def launch_info(self, scenario: BaseScenario, measurement: Measurement) -> dict[str, Any]:
         """Launcher, nodes this scenario used, ranks per host and how they started."""
         return self.launches.info(scenario, measurement)
@@ -204,7 +201,7 @@ class PerfSession:
         result.extra_metrics.update(self.extra_metrics(result, self.ceilings))
         self._explain(scenario, result)
         # A throttled run, or one that mostly skipped its updates, must not become the baseline.
-        distrusted = measurement.metrics is not None and bool(untrustworthy(measurement.metrics))
+        distrusted = measurement.metrics is not None and untrustworthy(measurement.metrics) is not None
         recordable = measurement.status in ("ok", "oom") and not distrusted
         if (self.settings.update_baselines or self.settings.calibrate) and recordable:
             result.judgement = self._record(scenario, result)
@@ -221,7 +218,7 @@ class PerfSession:
             judgement = self._judge(scenario, measurement, baseline)
             attempts.append(attempt(scenario, measurement, judgement))
             why = self._contended(measurement.metrics)
-            if judgement.verdict != "unreliable" or not why:
+            if judgement.verdict != "unreliable" or why is None:
                 break
             busy.append(why)
             waited = self._await_quiet() if len(busy) <= self.settings.contention_retries else None
@@ -250,9 +247,7 @@ class PerfSession:
         if result.status != "ok" or self.settings.op_profiles == "off":
             return judgement
         # One more launch, after the measured ones: the op profile a later regression is diffed against.
-        return replace(
-            judgement, message=f"{judgement.message}; {self.op_profiles.record(scenario, env, store.profile)}"
-        )
+        return judgement.noted(Note("op_profile", self.op_profiles.record(scenario, env, store.profile), "clause"))
 
     def _explain(self, scenario: BaseScenario, result: ScenarioResult) -> None:
         """Say why, with one more, profiled launch: which ops a regression grew (``always``: any measured
@@ -262,7 +257,7 @@ class PerfSession:
             return
         if result.status == "oom" and (judgement.verdict in FAILING or self.profile.device == "cuda"):
             note = self.op_profiles.allocations(scenario, env)
-            result.judgement = replace(judgement, message=f"{judgement.message}\n{note}")
+            result.judgement = judgement.noted(Note("op_profile", note, "line_after"))
             return
         recording_now = self.settings.update_baselines or self.settings.calibrate
         wanted = judgement.verdict == "regression" or (mode == "always" and result.status == "ok")
@@ -274,11 +269,11 @@ class PerfSession:
             failed = [c.metric for c in judgement.checks if c.outcome == "regression"]
             found = found.lead(memory=bool(failed) and scenario.primary not in failed)
         if judgement.verdict == "regression":
-            result.judgement = replace(judgement, message=f"{found}\n{judgement.message}")
+            result.judgement = judgement.noted(Note("op_profile", found, "line_before"))
 
-    def _contended(self, metrics: ScenarioMetrics | None) -> str:
-        """Why ``metrics`` were measured under contention ("" if they were not, or there are none)."""
-        return judging.contention_of(metrics, self.profile) if metrics is not None else ""
+    def _contended(self, metrics: ScenarioMetrics | None) -> str | None:
+        """Why ``metrics`` were measured under contention (None if they were not, or there are none)."""
+        return judging.contention_of(metrics, self.profile) if metrics is not None else None
 
     def _await_quiet(self) -> Quiet | None:
         """Wait for the host to go quiet within what is left of the per-scenario and per-session
@@ -290,14 +285,16 @@ class PerfSession:
         self.waited_s += quiet.waited_s
         return quiet
 
-    def _precondition(self, scenario: BaseScenario, env: str | None = None) -> str:
+    def _precondition(self, scenario: BaseScenario, env: str | None = None) -> str | None:
+        """Why a prepared ``scenario`` cannot launch in ``env`` (default: its own) here (None if it can)."""
         env = env or self.env_of(scenario)
         if env not in self.settings.envs:
             return f"environment {env!r} is not given{build_hint(env)}"
         missing = self.settings.envs[env].missing()
         if missing:
             return missing
-        return launch_precondition(scenario, self.profile, self.fingerprint, self.launches.topology(scenario))
+        topology = self.launches.topology(scenario)
+        return launch_precondition(scenario, self.profile, self.fingerprint, topology) or None
 
     def missing(self, scenario: BaseScenario) -> MissingPackage | None:
         """The engine package whose absence is why a prepared ``scenario`` skips here (None when
@@ -314,22 +311,20 @@ class PerfSession:
     def _fit(self, resolved: BaseScenario) -> tuple[BaseScenario, str]:
         """A resolved scenario at the world size the hardware holds, and why it must skip ("" if it can run)."""
         fitted = fit_to_hardware(resolved, self.profile, self.fingerprint, self.launches.topology(resolved))
-        return fitted, self._precondition(fitted)
+        return fitted, self._precondition(fitted) or ""
 
-    def launch_once(
-        self, scenario: BaseScenario, env: str, slowdown_pct: float = 0.0
-    ) -> tuple[str, dict[str, float], str, str]:
-        """One fresh launch of a prepared scenario in ``env``: status, each metric's value, failure
-        message, and why it was measured under contention ("" if it was not)."""
+    def launch_once(self, scenario: BaseScenario, env: str, slowdown_pct: float = 0.0) -> OneLaunch:
+        """One fresh launch of a prepared scenario in ``env``, nothing judged or recorded."""
         skip = self._precondition(scenario, env)
-        if skip:
-            return "skipped", {}, skip, ""
+        if skip is not None:
+            return OneLaunch("skipped", {}, skip)
         measurement = self.measure(scenario, env, slowdown_pct, repeats=1)
         metrics, outcome = measurement.metrics, measurement.outcome
         if metrics is None:
             failure = outcome.skip_reason or (outcome.failure.describe() if outcome.failure else "")
-            return outcome.status, {}, failure, ""
-        return "ok", {name: metrics.value(name) for name in metrics.values}, "", self._contended(metrics)
+            return OneLaunch(outcome.status, {}, failure)
+        values = {name: metrics.value(name) for name in metrics.values}
+        return OneLaunch("ok", values, contended=self._contended(metrics))
 
     def measure(
         self, scenario: BaseScenario, env: str | None = None, slowdown_pct: float | None = None, repeats: int = 0

@@ -77,16 +77,64 @@ def check_metric(check: MetricCheck) -> MetricCheck:
     return replace(check, outcome="pass")
 
 
+#: What a note on a verdict says: metrics it left unjudged, the machine that recorded the
+#: baseline, contention, a grown step spread, confirmation measurements, an op profile.
+NoteKind = Literal["unjudged", "machine", "contention", "spread", "confirmation", "op_profile"]
+#: Where a note goes in the message: `` [text]`` after it, ``text `` before it, ``; text`` after it,
+#: or on a line of its own after or before it.
+Placement = Literal["bracketed", "before", "clause", "line_after", "line_before"]
+
+
+@dataclass(frozen=True)
+class Note:
+    """One remark on a verdict, kept apart from the verdict's own message."""
+
+    kind: NoteKind
+    text: str
+    placement: Placement = "bracketed"
+
+    def around(self, message: str) -> str:
+        """``message`` with this note in its place."""
+        if self.placement == "before":
+            return f"{self.text} {message}"
+        if self.placement == "clause":
+            return f"{message}; {self.text}"
+        if self.placement == "line_after":
+            return f"{message}\n{self.text}"
+        if self.placement == "line_before":
+            return f"{self.text}\n{message}"
+        return f"{message} [{self.text}]"
+
+
 @dataclass(frozen=True)
 class Judgement:
     verdict: Verdict
-    message: str
+    #: What the verdict itself says; :attr:`message` adds the notes.
+    base_message: str
     checks: tuple[MetricCheck, ...] = ()
     stack_changes: tuple[str, ...] = field(default_factory=tuple)
+    #: Remarks on the verdict, in the order they were made; each wraps the message before it.
+    notes: tuple[Note, ...] = ()
 
     @property
     def failed(self) -> bool:
         return self.verdict in FAILING
+
+    @property
+    def message(self) -> str:
+        """The message as printed and stored: the verdict's own, with every note in its place."""
+        message = self.base_message
+        for note in self.notes:
+            message = note.around(message)
+        return message
+
+    def noted(self, note: Note) -> Judgement:
+        """This judgement with ``note`` added after the notes it has."""
+        return replace(self, notes=(*self.notes, note))
+
+    def notes_of(self, kind: NoteKind) -> tuple[Note, ...]:
+        """Its notes of ``kind``."""
+        return tuple(note for note in self.notes if note.kind == kind)
 
 
 def resolve_tolerances(

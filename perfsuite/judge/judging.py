@@ -27,6 +27,7 @@ from perfsuite.judge import definition
 from perfsuite.judge.compare import (
     Judgement,
     MetricCheck,
+    Note,
     judge_imbalance,
     judge_metrics,
     judge_outcome,
@@ -67,7 +68,7 @@ def judge(
     if (decided is not None and decided.verdict != "no_baseline") or metrics is None:
         return decided or Judgement("error", "no metrics")
     distrust = untrustworthy(metrics)
-    if distrust:
+    if distrust is not None:
         return Judgement("unreliable", distrust)
     if decided is not None or baseline is None:
         return decided or Judgement("no_baseline", "no baseline recorded")
@@ -75,9 +76,10 @@ def judge(
     machine = identity.compare(baseline.fingerprint, current)
     judgement = against(scenario, metrics, baseline, profile, compare, machine)
     # Every verdict against a baseline names the machine that recorded it, when it is another.
-    notes = [f"[{note}]" for note in machine.notes() if note not in judgement.message]
-    message = " ".join([judgement.message, *notes])
-    return Judgement(judgement.verdict, message, judgement.checks, tuple(stack_changes(baseline.fingerprint, current)))
+    said = judgement.message
+    for note in (n for n in machine.notes() if n not in said):
+        judgement = judgement.noted(Note("machine", note))
+    return replace(judgement, stack_changes=tuple(stack_changes(baseline.fingerprint, current)))
 
 
 def against(
@@ -95,7 +97,7 @@ def against(
     elsewhere = None if profile.timed_on_other_processor else machine.of("processor")
     if elsewhere is not None:
         judgement = judge_elsewhere(scenario, metrics, baseline, tolerances, compare, judged, elsewhere)
-        return replace(judgement, message=f"{judgement.message} [{why}]") if why else judgement
+        return _unjudged(judgement, why)
     busy = contention_of(metrics, profile)
     primary = metrics.summary(scenario.primary)
     if primary is not None and primary.cv > profile.max_cv:
@@ -107,15 +109,37 @@ def against(
             f"profile's limit {profile.max_cv:.0%} ({cause})",
         )
     judgement = judge_metrics(metrics, baseline, tolerances, compare, judged)
-    doubt = f"measured under contention ({busy})" if busy else ""
-    # A grown step-to-step spread doubts a slower primary metric only: memory does not jitter with the host.
-    if not doubt and any(c.metric == scenario.primary and c.outcome == "regression" for c in judgement.checks):
-        doubt = spread_grew(scenario, metrics, baseline, profile)
-    if judgement.verdict == "regression" and doubt:
-        return Judgement("unreliable", f"{doubt}, so not judged a regression: {judgement.message}", judgement.checks)
-    if judgement.verdict != "regression":
+    if judgement.verdict == "regression":
+        doubt = regression_doubt(scenario, metrics, baseline, profile, judgement, busy)
+        if doubt is not None:
+            return replace(judgement, verdict="unreliable").noted(doubt)
+    else:
         judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
-    return replace(judgement, message=f"{judgement.message} [{why}]") if why else judgement
+    return _unjudged(judgement, why)
+
+
+def regression_doubt(
+    scenario: BaseScenario,
+    metrics: ScenarioMetrics,
+    baseline: BaselineEntry,
+    profile: HardwareProfile,
+    judgement: Judgement,
+    busy: str | None,
+) -> Note | None:
+    """Why a regression is not judged one: the contention it was measured under, or a primary metric
+    whose step-to-step spread grew since the baseline (None: nothing doubts it)."""
+    if busy is not None:
+        return Note("contention", f"measured under contention ({busy}), so not judged a regression:", "before")
+    # A grown step-to-step spread doubts a slower primary metric only: memory does not jitter with the host.
+    if not any(c.metric == scenario.primary and c.outcome == "regression" for c in judgement.checks):
+        return None
+    grew = spread_grew(scenario, metrics, baseline, profile)
+    return Note("spread", f"{grew}, so not judged a regression:", "before") if grew is not None else None
+
+
+def _unjudged(judgement: Judgement, why: str) -> Judgement:
+    """``judgement``, noting why some metrics were not judged (``why``, "" when all were)."""
+    return judgement.noted(Note("unjudged", why)) if why else judgement
 
 
 def judge_elsewhere(
@@ -135,11 +159,11 @@ def judge_elsewhere(
     timed = [name for name in timed if name in tolerances]  # those a baseline here would have judged
     unjudged = f"{', '.join(timed) or 'timing'} not judged, {change.describe()}"
     if judgement.verdict == "regression":  # memory grew: no advice to re-record, which would accept it
-        return Judgement("regression", f"{judgement.message} [{unjudged}]", judgement.checks)
+        return judgement.noted(Note("unjudged", unjudged))
     # A straggler rank is this run's own imbalance, whichever machine recorded the baseline.
     straggler = judge_imbalance(metrics, scenario.max_imbalance)
     if straggler is not None:
-        return replace(straggler, message=f"{straggler.message} [{unjudged}]", checks=judgement.checks)
+        return replace(straggler, checks=judgement.checks).noted(Note("unjudged", unjudged))
     shown = ", ".join(c.metric for c in judgement.checks) or "nothing else measured here"
     return Judgement(
         "other_machine",
@@ -173,33 +197,33 @@ SPREAD_GROWTH_FLOOR = 0.02
 
 def spread_grew(
     scenario: BaseScenario, metrics: ScenarioMetrics, baseline: BaselineEntry, profile: HardwareProfile
-) -> str:
+) -> str | None:
     """Why the primary metric's step-to-step spread says the machine changed since the
-    baseline ("" if it does not, or either side lacks a spread)."""
+    baseline (None if it does not, or either side lacks a spread)."""
     growth, now = profile.max_spread_growth, metrics.summary(scenario.primary)
     stored = baseline.metrics.get(scenario.primary)
     if growth is None or now is None or not isinstance(stored, Mapping) or not stored.get("mean"):
-        return ""
+        return None
     then = float(stored.get("std", 0.0)) / float(stored["mean"])
     if now.cv <= max(growth * then, SPREAD_GROWTH_FLOOR):
-        return ""
+        return None
     return (
         f"{scenario.primary} spreads {now.cv:.1%} step to step against {then:.1%} when its baseline was "
         f"recorded (over {growth:g}x): the machine is not in the state its baseline describes"
     )
 
 
-def contention_of(metrics: ScenarioMetrics, profile: HardwareProfile) -> str:
-    """Why ``metrics`` were measured under contention by this profile's limits ("" if they were not)."""
-    return contended(metrics.contention, profile.max_foreign_cores, profile.max_steal_cores)
+def contention_of(metrics: ScenarioMetrics, profile: HardwareProfile) -> str | None:
+    """Why ``metrics`` were measured under contention by this profile's limits (None if they were not)."""
+    return contended(metrics.contention, profile.max_foreign_cores, profile.max_steal_cores) or None
 
 
 # -- notes on a verdict that took more than one measurement --------------------
 def confirmed(judgement: Judgement, attempts: list[dict[str, Any]], primary: str) -> Judgement:
     """A regression that every confirmation reproduced, with the primary metric of each measurement."""
     seen = ", ".join(f"{_mean(a[primary]):.4g}" for a in attempts if a[primary] is not None)
-    note = f" [confirmed by {len(attempts) - 1} fresh measurement(s); {primary} per measurement: {seen}]"
-    return Judgement(judgement.verdict, judgement.message + note, judgement.checks, judgement.stack_changes)
+    note = f"confirmed by {len(attempts) - 1} fresh measurement(s); {primary} per measurement: {seen}"
+    return judgement.noted(Note("confirmation", note))
 
 
 def unconfirmed(judgement: Judgement, attempts: list[dict[str, Any]]) -> Judgement:
@@ -211,9 +235,9 @@ def unconfirmed(judgement: Judgement, attempts: list[dict[str, Any]]) -> Judgeme
         outcome = "did not reproduce it: treated as noise"
     note = (
         f"a measurement looked like a regression ({first['message']}) but confirmation "
-        f"measurement {len(attempts) - 1} {outcome}. "
+        f"measurement {len(attempts) - 1} {outcome}."
     )
-    return Judgement(judgement.verdict, note + judgement.message, judgement.checks, judgement.stack_changes)
+    return judgement.noted(Note("confirmation", note, "before"))
 
 
 def still_contended(judgement: Judgement, busy: list[str], waited: Quiet | None, retries: int) -> Judgement:
@@ -225,12 +249,12 @@ def still_contended(judgement: Judgement, busy: list[str], waited: Quiet | None,
         stop = f"all {len(busy)} measurement(s) contended (--perf-contention-retries {retries})"
     else:
         stop = "the session's wait budget for a quiet host is spent (--perf-contention-budget)"
-    return replace(judgement, message=f"{judgement.message} [{stop}; {_tries(busy)}]")
+    return judgement.noted(Note("contention", f"{stop}; {_tries(busy)}"))
 
 
 def remeasured(judgement: Judgement, busy: list[str]) -> Judgement:
     """A verdict reached once the host went quiet, naming the contention of the tries before."""
-    return replace(judgement, message=f"{judgement.message} [measured again after the host went quiet; {_tries(busy)}]")
+    return judgement.noted(Note("contention", f"measured again after the host went quiet; {_tries(busy)}"))
 
 
 def _tries(busy: list[str]) -> str:

@@ -42,6 +42,18 @@ class Measurement:
         return next((o for o in self.launches if o.status != "ok"), self.launches[-1])
 
 
+@dataclass(frozen=True)
+class OneLaunch:
+    """One fresh launch of a prepared scenario, as an A/B compares it: its status, each metric's
+    value (none unless it trained), why it failed or was skipped, and why it was measured under
+    contention (None if it was not)."""
+
+    status: str
+    values: dict[str, float]
+    message: str = ""
+    contended: str | None = None
+
+
 @dataclass
 class ScenarioResult:
     scenario: BaseScenario  # resolved for the profile

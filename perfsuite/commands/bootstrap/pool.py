@@ -3,7 +3,7 @@ made of one profile into this checkout's baselines, without launching anything.
 
 Each input is what a runner brought back: its ``baselines/`` tree (or one profile's folder, or
 one group file), or the results file (``--perf-json``) of its calibration run. Every calibrated
-entry there carries its machine's launches (:mod:`perfsuite.judge.trustworthy`); they are merged with the
+entry there carries its machine's launches (:mod:`perfsuite.judge.calibration`); they are merged with the
 ones the local entry holds, and the entry's mean, tolerances and calibration data are computed
 again from all of them. Every input is checked before anything is written: a missing file,
 another profile, a scenario whose definition differs from the local baseline's, or (where the
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfsuite.judge import definition, trustworthy
+from perfsuite.judge import calibration, definition
 from perfsuite.launch import identity
 from perfsuite.store.baselines import BaselineEntry, BaselineError, BaselineStore, load_group, parse_entry
 
@@ -90,12 +90,12 @@ def _entries(path: Path, explicit: bool) -> Iterator[Found]:
         raise PoolError(f"{path}: cannot be read as JSON ({exc}); bring the file back whole") from None
     if isinstance(doc, dict) and "scenarios" in doc:
         for key, entries in load_group(path).items():
-            for entry in (e for e in entries if trustworthy.sources_of(e)):  # every processor's
+            for entry in (e for e in entries if calibration.sources_of(e)):  # every processor's
                 yield Found(path, str(doc.get("profile")), str(doc.get("group")), key, entry)
     elif isinstance(doc, dict) and isinstance(doc.get("results"), list):
         for result in doc["results"]:
             entry = parse_entry(path, str(result.get("id")), result.get("baseline") or {})
-            if trustworthy.sources_of(entry):
+            if calibration.sources_of(entry):
                 yield Found(path, str(doc.get("profile")), str(result.get("group")), str(result.get("id")), entry)
     elif explicit:
         raise PoolError(f"{path}: neither a baseline group file nor a results file")
@@ -119,7 +119,7 @@ def chosen_profile(found: Sequence[Found], asked: str | None, inputs: Sequence[P
 def entry_processor(item: Found) -> Mapping[str, Any] | None:
     """The processor whose local entry an input's calibration pools into: its own where its profile
     judges timing on the recording processor only (its calibration says so), else None (the one entry)."""
-    facts = trustworthy.Facts.of(item.entry.extra.get(trustworthy.CALIBRATION) or {})
+    facts = calibration.Facts.of(item.entry.extra.get(calibration.CALIBRATION) or {})
     proc = item.entry.fingerprint.get("processor")
     return None if facts.across_processors or not isinstance(proc, Mapping) else proc
 
@@ -148,9 +148,9 @@ def check(item: Found, base: BaselineEntry, local: Path) -> None:
     if changed:
         raise PoolError(f"{item.path}: {item.scenario} was calibrated for another definition than {local} holds "
                         f"({'; '.join(changed)}). Calibrate that runner at this commit, or leave the file out")  # fmt: skip
-    facts = trustworthy.Facts.of(item.entry.extra.get(trustworthy.CALIBRATION) or {})
+    facts = calibration.Facts.of(item.entry.extra.get(calibration.CALIBRATION) or {})
     processor = identity.processor_text(base.fingerprint)
-    others = [s for s in trustworthy.sources_of(item.entry) if s.get("processor") != processor]
+    others = [s for s in calibration.sources_of(item.entry) if s.get("processor") != processor]
     if not facts.across_processors and others:
         raise PoolError(f"{item.path}: {item.scenario} was measured on another processor ({others[0].get('processor')}) "
                         f"than {local}'s baseline ({processor}), and profile {item.profile} does not compare timing "
@@ -160,14 +160,15 @@ def check(item: Found, base: BaselineEntry, local: Path) -> None:
 def pool_one(store: BaselineStore, group: str, scenario: str, items: Sequence[Found]) -> str:
     """Merge the inputs' sources into the local entry, under its file's lock; one line saying what came out."""
     base = store.own(group, scenario) or items[0].entry
-    incoming = [s for item in items for s in trustworthy.sources_of(item.entry)]
-    facts = trustworthy.Facts.of(items[-1].entry.extra.get(trustworthy.CALIBRATION) or {})
+    incoming = [s for item in items for s in calibration.sources_of(item.entry)]
+    facts = calibration.Facts.of(items[-1].entry.extra.get(calibration.CALIBRATION) or {})
 
     def merge(old: BaselineEntry | None, new: BaselineEntry) -> BaselineEntry:
-        return trustworthy.pooled_entry(new, trustworthy.merge(trustworthy.sources_of(old), incoming), facts)
+        sources = calibration.newest_per_machine(calibration.sources_of(old), incoming)
+        return calibration.pooled_entry(new, sources, facts)
 
     entry = store.record(group, scenario, base.expected, base.metrics, base.fingerprint,
                          tolerances=base.tolerances, extra=base.extra, merge=merge)  # fmt: skip
-    data: Mapping[str, Any] = entry.extra[trustworthy.CALIBRATION]
+    data: Mapping[str, Any] = entry.extra[calibration.CALIBRATION]
     primary = facts.primary or next(iter(facts.floors), "")
-    return f"{scenario}: {trustworthy.describe(data, primary, entry.tolerances.get(primary))} -> {store.path(group)}"
+    return f"{scenario}: {calibration.describe(data, primary, entry.tolerances.get(primary))} -> {store.path(group)}"

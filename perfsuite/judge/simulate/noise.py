@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from perfsuite.core.profiles import HardwareProfile
+from perfsuite.judge.calibration import tolerance
 from perfsuite.judge.compare import resolve_tolerances
-from perfsuite.judge.trustworthy import tolerance
 from perfsuite.store.baselines import BaselineEntry
 
 
@@ -124,7 +124,7 @@ class Row:
 
 
 def calibrated_tolerance(noise: ProfileNoise, profile: HardwareProfile, metric: str) -> float:
-    """The tolerance calibration on one machine writes for a typical row (``trustworthy.tolerance``,
+    """The tolerance calibration on one machine writes for a typical row (``calibration.tolerance``,
     with the profile's provisional machine spread)."""
     launch = math.hypot(noise.launch_cv.value, noise.step_cv.value / math.sqrt(noise.steps))
     return tolerance(launch, profile.machine_spread or 0.0, 1, profile.calibration_floor_of(metric))

@@ -121,7 +121,8 @@ class ABMode(Mode):
         tolerances = gated(resolved.primary, compared(resolved), resolved.tolerances, session.profile)
 
         def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
-            return session.launch_once(resolved, env, slowdown if env == self.candidate else 0.0)
+            once = session.launch_once(resolved, env, slowdown if env == self.candidate else 0.0)
+            return once.status, once.values, once.message, once.contended or ""
 
         plan = design(self.config, resolved.min_effect or session.profile.min_effect)
         budget = self.config.getoption("--perf-ab-budget")
