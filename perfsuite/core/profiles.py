@@ -75,7 +75,7 @@ class HardwareProfile:
     #: timing is reported as ``other_machine``, its memory still judged. GPU profiles time
     #: the card, and judge a baseline from another card of the same SKU, naming both.
     timed_on_other_processor: bool = True
-    #: sigma_machine of the tolerance model (``perfsuite.judge.trustworthy``): the spread of one machine's
+    #: sigma_machine of the tolerance model (``perfsuite.judge.calibration``): the spread of one machine's
     #: offset (card, host, session) across the machines of this profile, used where a calibration
     #: pool has too few machines to measure it. The GPU figure is provisional: rows measured again
     #: in a later session moved by an RMS of 1.7%, the difference of two sessions' offsets, so one

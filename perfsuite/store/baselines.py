@@ -276,7 +276,7 @@ class BaselineStore:
         (:func:`slot`; where it has none, one is added beside the others): other processors'
         entries are written back as they are on disk. ``merge`` (stored entry, new entry) gives the
         entry to write, under that lock: a calibration pooled with the machines the
-        stored one holds (:mod:`perfsuite.judge.trustworthy`).
+        stored one holds (:mod:`perfsuite.judge.calibration`).
         """
         path = self.path(group)
         try:
