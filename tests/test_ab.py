@@ -15,6 +15,7 @@ from perfsuite.core import metrics as registry
 from perfsuite.core.workloads.microbench import Microbench
 from perfsuite.core.workloads.train import Scenario
 from perfsuite.judge.abtest import compare, run_ab, summary_lines
+from perfsuite.judge.results import OneLaunch
 from perfsuite.judge.sequential import Design
 from perfsuite.launch.envs import PythonEnv
 from perfsuite.plugin.modes.ab import compared
@@ -57,9 +58,9 @@ DESIGN = Design(min_effect=0.05, max_pairs=6)
 def test_launches_alternate_which_side_goes_first_and_stop_once_decided() -> None:
     order: list[str] = []
 
-    def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
+    def run_once(env: str) -> OneLaunch:
         order.append(env)
-        return "ok", {"samples_per_s": 100.0 if env == "a" else 80.0 + len(order) % 3}, "", ""
+        return OneLaunch("ok", {"samples_per_s": 100.0 if env == "a" else 80.0 + len(order) % 3})
 
     result = run_ab("g.s", ["samples_per_s"], run_once, "a", "b", DESIGN, {"samples_per_s": 0.0})
     # 20-25% slower at a 5% minimum effect: two pairs (one degree of freedom) are not enough at
@@ -69,8 +70,8 @@ def test_launches_alternate_which_side_goes_first_and_stop_once_decided() -> Non
     assert result.message.startswith("b vs a: samples_per_s: slowdown +2")
     assert "regression after 3 pair(s) of at most 6; minimum effect 5.0%" in result.message
 
-    def crashing(env: str) -> tuple[str, dict[str, float], str, str]:
-        return ("crash", {}, "rank 1 died", "") if env == "b" else ("ok", {"samples_per_s": 1.0}, "", "")
+    def crashing(env: str) -> OneLaunch:
+        return OneLaunch("crash", {}, "rank 1 died") if env == "b" else OneLaunch("ok", {"samples_per_s": 1.0})
 
     failed = run_ab("g.s", ["samples_per_s"], crashing, "a", "b", DESIGN, {"samples_per_s": 0.0})
     assert failed.verdict == "error" and failed.message == "b launch 1 crash: rank 1 died" and not failed.headline
@@ -78,14 +79,14 @@ def test_launches_alternate_which_side_goes_first_and_stop_once_decided() -> Non
 
 def test_the_same_speed_passes_and_noise_without_pairs_left_is_undecided() -> None:
     same = iter([100.0, 100.5, 99.8, 100.1, 100.3, 99.9] * 3)
-    result = run_ab("g.s", ["samples_per_s"], lambda env: ("ok", {"samples_per_s": next(same)}, "", ""), "a", "b",
+    result = run_ab("g.s", ["samples_per_s"], lambda env: OneLaunch("ok", {"samples_per_s": next(same)}), "a", "b",
                     DESIGN, {"samples_per_s": 0.0})  # fmt: skip
     assert result.verdict == "pass" and result.headline is not None
     assert result.headline.state.high < 0.05  # the interval excludes the minimum effect
 
     # In call order (AB, BA, AB, ...): the candidate 10% slower, then 10% faster, and so on.
     noisy = iter([100.0, 90.0, 110.0, 100.0] * 3)
-    undecided = run_ab("g.s", ["samples_per_s"], lambda env: ("ok", {"samples_per_s": next(noisy)}, "", ""), "a",
+    undecided = run_ab("g.s", ["samples_per_s"], lambda env: OneLaunch("ok", {"samples_per_s": next(noisy)}), "a",
                        "b", DESIGN, {"samples_per_s": 0.0})  # fmt: skip
     assert undecided.verdict == "undecided" and undecided.pairs == 6, undecided.message
     assert not undecided.judged and "undecided after 6 pair(s)" in undecided.message
@@ -94,7 +95,7 @@ def test_the_same_speed_passes_and_noise_without_pairs_left_is_undecided() -> No
 def test_a_time_budget_ends_the_ab_undecided() -> None:
     clock = iter(range(0, 1000, 10))
     noisy = iter([100.0, 90.0, 110.0, 100.0] * 3)
-    result = run_ab("g.s", ["samples_per_s"], lambda env: ("ok", {"samples_per_s": next(noisy)}, "", ""), "a", "b",
+    result = run_ab("g.s", ["samples_per_s"], lambda env: OneLaunch("ok", {"samples_per_s": next(noisy)}), "a", "b",
                     DESIGN, {"samples_per_s": 0.0}, budget_s=15, clock=lambda: float(next(clock)))  # fmt: skip
     assert result.verdict == "undecided" and result.pairs == 2
 
@@ -102,9 +103,9 @@ def test_a_time_budget_ends_the_ab_undecided() -> None:
 def test_memory_is_judged_on_the_pairs_measured() -> None:
     values = iter([(100.0, 500.0), (100.2, 800.0), (99.9, 800.0), (100.0, 500.0)] * 3)
 
-    def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
+    def run_once(env: str) -> OneLaunch:
         speed, memory = next(values)
-        return "ok", {"samples_per_s": speed, "peak_mem_mib": memory}, "", ""
+        return OneLaunch("ok", {"samples_per_s": speed, "peak_mem_mib": memory})
 
     result = run_ab("g.s", ["samples_per_s", "peak_mem_mib"], run_once, "a", "b", DESIGN,
                     {"samples_per_s": 0.0, "peak_mem_mib": 0.15})  # fmt: skip
@@ -117,9 +118,9 @@ def test_a_regression_measured_under_contention_is_unreliable() -> None:
     busy = "other processes kept 1.20 of vm's 2 CPU cores busy (limit 0.25)"
     launches = iter(range(12))
 
-    def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
+    def run_once(env: str) -> OneLaunch:
         i = next(launches)  # the candidate is half as fast; its second launch had company
-        return "ok", {"samples_per_s": 100.0 if env == "a" else 50.0 + i}, "", busy if i == 2 else ""
+        return OneLaunch("ok", {"samples_per_s": 100.0 if env == "a" else 50.0 + i}, "", busy if i == 2 else None)
 
     result = run_ab("g.s", ["samples_per_s"], run_once, "a", "b", DESIGN, {"samples_per_s": 0.0})
     assert result.verdict == "unreliable", result.message

@@ -11,6 +11,7 @@ import pytest
 
 from perfsuite.commands import abrev
 from perfsuite.commands.abrev import METRIC, Settings, SideRun, ab_trees, export, launch_of, own_plugin
+from perfsuite.judge.results import OneLaunch
 
 BUSY = "other processes kept 0.90 of vm's 2 CPU cores busy (limit 0.25)"
 BASE_TREE, CANDIDATE_TREE = Path("/base"), Path("/candidate")
@@ -32,7 +33,7 @@ def replay(monkeypatch: pytest.MonkeyPatch, base: list[dict], candidate: list[di
 
 
 def ok(value: float, busy: str = "") -> dict:
-    return {"g.s": ("ok", {METRIC: value}, "", busy)}
+    return {"g.s": OneLaunch("ok", {METRIC: value}, "", busy or None)}
 
 
 def test_a_slower_candidate_beside_a_drifting_base_is_a_regression(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,7 +70,7 @@ def test_the_candidates_minimum_effect_decides_unless_given(monkeypatch: pytest.
 
 
 def test_a_scenario_one_side_did_not_measure_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    replay(monkeypatch, [ok(100.0), ok(100.0)], [{"g.s": ("crash", {}, "rank 1 died", "")}, ok(98.0)])
+    replay(monkeypatch, [ok(100.0), ok(100.0)], [{"g.s": OneLaunch("crash", {}, "rank 1 died")}, ok(98.0)])
     (result,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(), Path("/scratch"))
     assert result.verdict == "error" and "rank 1 died" in result.message
     replay(monkeypatch, [ok(100.0)], [{}])

@@ -38,13 +38,12 @@ from perfsuite.core.profiles import CPU
 from perfsuite.judge import sequential
 from perfsuite.judge.abtest import ABResult, Trial, markdown_lines, summary_lines
 from perfsuite.judge.contention import Contention, contended
+from perfsuite.judge.results import OneLaunch
 from perfsuite.launch import warm
 
 BASE, CANDIDATE = "base", "candidate"
 #: The headline metric the A/B judges; memory and exact bytes stay with the stored-baseline gate.
 METRIC = "samples_per_s"
-#: A launch is (status, metrics, message, why it was contended).
-Launch = tuple[str, dict[str, float], str, str]
 #: Exit statuses: a regression, bad input, something not judged (undecided, unreliable, failed).
 REGRESSED, BAD_INPUT, NOT_JUDGED = 1, 2, 3
 
@@ -78,7 +77,7 @@ class Settings:
 class SideRun:
     """One pytest run of one side: each scenario's launch and minimum effect, by id."""
 
-    launches: Mapping[str, Launch]
+    launches: Mapping[str, OneLaunch]
     min_effects: Mapping[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -138,7 +137,7 @@ def own_plugin(root: Path) -> list[str]:
     return ["-p", "no:perfsuite", "-p", str(entry)]
 
 
-def launch_of(result: Mapping[str, Any]) -> Launch:
+def launch_of(result: Mapping[str, Any]) -> OneLaunch:
     metrics = result.get("metrics") or {}
     value = metrics.get(METRIC)
     values = {METRIC: float(value["mean"])} if isinstance(value, Mapping) else {}
@@ -147,7 +146,7 @@ def launch_of(result: Mapping[str, Any]) -> Launch:
         status, message = "skipped", f"measures no {METRIC}: ab-rev compares training throughput"
     busy = metrics.get("contention")
     why = contended(Contention(**busy), CPU.max_foreign_cores, CPU.max_steal_cores) if busy else ""
-    return status, values, message, why
+    return OneLaunch(status, values, message, why or None)
 
 
 def ab_trees(base: Path, candidate: Path, settings: Settings, scratch: Path,
@@ -167,7 +166,7 @@ def ab_trees(base: Path, candidate: Path, settings: Settings, scratch: Path,
             for side in order:
                 if trial.open:
                     trial.add(
-                        side, runs[side].launches.get(scenario_id, ("error", {}, f"no {side} run measured it", ""))
+                        side, runs[side].launches.get(scenario_id, OneLaunch("error", {}, f"no {side} run measured it"))
                     )
         final = settings.budget_s is not None and time.monotonic() - started >= settings.budget_s
         for trial in trials.values():

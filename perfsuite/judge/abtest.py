@@ -23,6 +23,7 @@ from typing import Any, Literal
 from perfsuite.core import metrics as registry
 from perfsuite.core.text import table
 from perfsuite.judge import sequential
+from perfsuite.judge.results import OneLaunch
 from perfsuite.judge.sequential import Design, State
 
 FLAG = "--perf-ab"
@@ -156,9 +157,8 @@ class ABResult:
         }
 
 
-#: Runs the scenario once in the named environment: (status, metric values,
-#: message, why it was contended or "").
-RunOnce = Callable[[str], tuple[str, dict[str, float], str, str]]
+#: Runs the scenario once in the named environment.
+RunOnce = Callable[[str], OneLaunch]
 
 
 class Trial:
@@ -171,10 +171,10 @@ class Trial:
         self.metrics, self.design, self.tolerances = tuple(metrics), design, dict(tolerances)
         self.open = True
 
-    def add(self, env: str, launch: tuple[str, dict[str, float], str, str]) -> None:
+    def add(self, env: str, launch: OneLaunch) -> None:
         """One launch in ``env``; a failed launch ends the A/B as ``error`` (``skipped`` when it
         could not run here)."""
-        status, values, message, busy = launch
+        status, values, message, busy = launch.status, launch.values, launch.message, launch.contended or ""
         headline = values.get(self.metrics[0])
         if status == "ok" and headline is not None and not headline > 0:  # a ratio needs a rate above 0
             status, message = "error", f"measured {self.metrics[0]} = {headline}: no rate to compare"

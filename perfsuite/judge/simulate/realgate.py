@@ -18,7 +18,7 @@ from perfsuite.judge.abtest import RunOnce, run_ab
 from perfsuite.judge.abtest import compare as ab_compare
 from perfsuite.judge.compare import Judgement, check_metric
 from perfsuite.judge.judging import judge
-from perfsuite.judge.results import Measurement
+from perfsuite.judge.results import Measurement, OneLaunch
 from perfsuite.judge.sequential import DECISIONS, Design
 from perfsuite.judge.simulate.model import PASS, REGRESSION, UNRELIABLE, GateDraws, PairDraws, Summaries
 from perfsuite.judge.simulate.noise import Row
@@ -87,8 +87,8 @@ def replay(base: Sequence[float], candidate: Sequence[float]) -> RunOnce:
     """A ``run_once`` that hands each side its next drawn launch, in whatever order ``run_ab`` asks."""
     queues = {"base": iter(base), "candidate": iter(candidate)}
 
-    def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
-        return "ok", {METRIC: float(next(queues[env]))}, "", ""
+    def run_once(env: str) -> OneLaunch:
+        return OneLaunch("ok", {METRIC: float(next(queues[env]))})
 
     return run_once
 

@@ -18,6 +18,7 @@ from perfsuite.judge import sequential
 from perfsuite.judge.abtest import FLAG, ABResult, run_ab, summary_lines
 from perfsuite.judge.compare import resolve_tolerances
 from perfsuite.judge.coverage import Outcome
+from perfsuite.judge.results import OneLaunch
 from perfsuite.launch.envs import EnvError, parse_ab, parse_envs
 from perfsuite.plugin import exitstatus
 from perfsuite.plugin.modes.base import Mode, say_nothing_measured
@@ -120,9 +121,8 @@ class ABMode(Mode):
         slowdown = self.config.getoption("--perf-ab-inject-slowdown")
         tolerances = gated(resolved.primary, compared(resolved), resolved.tolerances, session.profile)
 
-        def run_once(env: str) -> tuple[str, dict[str, float], str, str]:
-            once = session.launch_once(resolved, env, slowdown if env == self.candidate else 0.0)
-            return once.status, once.values, once.message, once.contended or ""
+        def run_once(env: str) -> OneLaunch:
+            return session.launch_once(resolved, env, slowdown if env == self.candidate else 0.0)
 
         plan = design(self.config, resolved.min_effect or session.profile.min_effect)
         budget = self.config.getoption("--perf-ab-budget")
