@@ -7,18 +7,18 @@ What an engine *is* (options, devices, axes, extra) is declared torch-free in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, cast, final, get_args
 
 import torch
 from torch import nn
 
-from perfsuite.core.engines import EngineOptions
-from perfsuite.core.engines.base import OptionsT
+from perfsuite.core.engines import EngineOptions, OptionError, StepOptions
 from perfsuite.core.layout import ParallelLayout
 from perfsuite.core.protocol import EngineUnavailable, import_object
 from perfsuite.rank.models.materialise import ModelFactory
@@ -27,13 +27,20 @@ from perfsuite.rank.strategies import steps
 
 __all__ = [
     "EngineUnavailable",
+    "OptionsT",
     "StateTensors",
+    "StepOptionsT",
     "Strategy",
     "StrategyContext",
     "TorchStrategy",
     "load_strategy",
     "require",
 ]
+
+# Bound to the classes themselves (not their names): a strategy left generic takes its
+# variable's bound as its options class (see Strategy.__init_subclass__).
+OptionsT = TypeVar("OptionsT", bound=EngineOptions)
+StepOptionsT = TypeVar("StepOptionsT", bound=StepOptions)
 
 
 def require(module: str, extra: str) -> ModuleType:
@@ -74,8 +81,21 @@ class StrategyContext:
     """The model's hidden size (0: not declared, a team's own module)."""
 
 
-class Strategy(ABC):
-    """One way of training a model across ranks.
+def declared_options(cls: type) -> type[EngineOptions] | None:
+    """The options class ``cls``'s own generic base names (``Strategy[DDPOptions]``), or the bound
+    of the type variable it is left generic in; None where it names neither (a plain subclass)."""
+    # Its own bases only: __orig_bases__ looked up as an attribute would be a parent's.
+    for base in cls.__dict__.get("__orig_bases__", ()):
+        for arg in get_args(base):
+            named = arg.__bound__ if isinstance(arg, TypeVar) else arg
+            if isinstance(named, type) and issubclass(named, EngineOptions):
+                return named
+    return None
+
+
+class Strategy(ABC, Generic[OptionsT]):
+    """One way of training a model across ranks, with its engine's options of type ``OptionsT``
+    (``class MyStrategy(Strategy[MyOptions])`` declares the class once; :attr:`options` is one).
 
     ``pipelined`` strategies run all micro-batches of a step in one
     :meth:`forward_backward` call (a pipeline schedule needs them together):
@@ -83,26 +103,63 @@ class Strategy(ABC):
     """
 
     pipelined: ClassVar[bool] = False
+    options_type: ClassVar[type[EngineOptions]] = EngineOptions
+    """The options class, taken from the generic base a subclass names (never set by hand)."""
+    options: OptionsT
+    """The engine's options as :attr:`options_type` (see :meth:`typed_options`)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = declared_options(cls)
+        if declared is not None:
+            cls.options_type = declared
 
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx
+        self.options = self.typed_options(ctx.options)
+        self._factory: ModelFactory | None = None
 
-    @classmethod  # noqa: B027 - optional hook, a no-op by default
+    @classmethod
     def check(cls, ctx: StrategyContext) -> None:
         """Raise :class:`EngineUnavailable` if this strategy cannot run here."""
 
-    def options_as(self, cls: type[OptionsT]) -> OptionsT:
-        """The engine's options as ``cls``; its defaults when the context carries another type
-        (a strategy subclassed by a user engine without options)."""
-        options = self.ctx.options
-        return options if isinstance(options, cls) else cls()
+    @classmethod
+    def typed_options(cls, options: EngineOptions) -> OptionsT:
+        """``options`` when they are an :attr:`options_type`; otherwise one built from the fields
+        both classes have, defaults for the rest: an engine registered with other options, or a
+        user engine named by its path (no options at all), still trains with what applies."""
+        wanted = cls.options_type
+        if not isinstance(options, wanted):
+            shared = {f.name: getattr(options, f.name) for f in dataclasses.fields(wanted) if hasattr(options, f.name)}
+            try:
+                options = wanted(**shared)
+            except OptionError as exc:
+                raise TypeError(
+                    f"{cls.__name__} takes {wanted.__name__} options and cannot make them from "
+                    f"{type(options).__name__}: {wanted.__name__} {exc}"
+                ) from None
+        # options_type is the class OptionsT stands for (declared_options found it).
+        return cast(OptionsT, options)
 
+    @final
     def build(self, factory: ModelFactory) -> nn.Module:
-        """The model :meth:`setup` receives, made where this engine wants it: by default
-        directly on the rank's device, never a whole host copy first. Sharding engines
-        build on ``meta`` and materialise their part in :meth:`setup`."""
-        self.factory = factory
+        """The model :meth:`setup` receives, made where :meth:`place` says; ``factory`` stays
+        available to :meth:`setup` (:attr:`factory`) for engines that materialise there."""
+        self._factory = factory
+        return self.place(factory)
+
+    def place(self, factory: ModelFactory) -> nn.Module:
+        """Make the model where this engine wants it, never a whole host copy first: by default
+        directly on the rank's device; engines that shard or split it build on ``meta`` and give
+        their part storage in :meth:`setup` (naming the choice in ``factory.how``)."""
         return factory.on_device(self.ctx.device)
+
+    @property
+    def factory(self) -> ModelFactory:
+        """The factory :meth:`build` was given."""
+        if self._factory is None:
+            raise RuntimeError(f"{type(self).__name__} needs its model from build(), which has not run")
+        return self._factory
 
     @abstractmethod
     def setup(self, model: nn.Module) -> None:
@@ -124,7 +181,7 @@ class Strategy(ABC):
         """This rank's model state by category: params, grads, optimizer."""
 
 
-class TorchStrategy(Strategy):
+class TorchStrategy(Strategy[StepOptionsT]):
     """Plain PyTorch training with autocast AMP. Subclasses change one step by
     overriding a hook: :meth:`wrap`, :meth:`make_optimizer`,
     :meth:`make_precision`, :meth:`grad_sync` or :meth:`zero_grad`.
@@ -142,9 +199,8 @@ class TorchStrategy(Strategy):
 
     def setup(self, model: nn.Module) -> None:
         self.precision = self.make_precision()
-        _, checkpoint = steps.step_options(self.ctx.options)
         compiling = self.ctx.graph == "compile"
-        steps.prepare_blocks(model, checkpoint, compiling and self.compile_blocks)
+        steps.prepare_blocks(model, self.options.activation_checkpointing, compiling and self.compile_blocks)
         self.model = self.wrap(model)
         self.optimizer = self.make_optimizer(self.model)
         if compiling and not self.compile_blocks:
@@ -157,8 +213,7 @@ class TorchStrategy(Strategy):
         return model
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        name, _ = steps.step_options(self.ctx.options)
-        return steps.make_optimizer(name, model.parameters(), self.ctx.lr)
+        return steps.make_optimizer(self.options.optimizer, model.parameters(), self.ctx.lr)
 
     def grad_sync(self, sync_grads: bool) -> contextlib.AbstractContextManager[None]:
         """Context for one micro-batch; skips gradient communication when
@@ -192,7 +247,7 @@ class TorchStrategy(Strategy):
         }
 
 
-def load_strategy(implementation: str) -> type[Strategy]:
+def load_strategy(implementation: str) -> type[Strategy[Any]]:
     """The Strategy class at ``"package.module:Class"`` (an EngineSpec's implementation)."""
     cls = import_object(implementation)
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):

@@ -9,19 +9,26 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from perfsuite.core.engines import DDPOptions
-from perfsuite.rank.strategies.base import TorchStrategy
+from perfsuite.rank.strategies.base import StepOptionsT, TorchStrategy
 
 
-class DDPStrategy(TorchStrategy):
+class DataParallelStrategy(TorchStrategy[StepOptionsT]):
+    """A model wrapped in DDP: the base of engines that keep DDP's all-reduce and change the
+    optimizer (torch_zero, fairscale_oss), with DDP's defaults unless :meth:`ddp_settings` says."""
+
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_settings())
 
     def ddp_settings(self) -> dict[str, Any]:
-        """DDP's keyword arguments the options set (none: DDP's defaults, today's rows)."""
-        options = self.ctx.options
-        if not isinstance(options, DDPOptions):
-            return {}
+        """DDP's keyword arguments beyond the device (none: DDP's defaults)."""
+        return {}
+
+
+class DDPStrategy(DataParallelStrategy[DDPOptions]):
+    def ddp_settings(self) -> dict[str, Any]:
+        """The settings the options change from DDP's defaults (none by default: DDP's own)."""
+        options = self.options
         settings: dict[str, Any] = {}
         if options.gradient_as_bucket_view:
             settings["gradient_as_bucket_view"] = True

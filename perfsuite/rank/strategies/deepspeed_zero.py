@@ -45,7 +45,6 @@ DS_OPTIMIZERS: Mapping[str, dict[str, Any]] = {
     "adamw_fused": {"type": "AdamW", "params": {"torch_adam": True, "fused": True}},
     "sgd": {"type": "SGD", "params": {}},
 }
-assert set(DS_OPTIMIZERS) == set(OPTIMIZERS)
 
 
 def import_deepspeed(device: torch.device) -> Any:
@@ -143,9 +142,10 @@ def ds_config(ctx: StrategyContext, options: ZeroOptions, model_numel: int) -> d
     # before the loop counts state, so it would look like ZeRO-2.
     config.setdefault("managed_gradient_accumulation", False)
     config.setdefault("steps_per_print", NEVER_PRINT)
-    if "optimizer" not in config and options.optimizer in DS_OPTIMIZERS:
-        named = DS_OPTIMIZERS[options.optimizer]
-        config["optimizer"] = {"type": named["type"], "params": {"lr": ctx.lr, **named["params"]}}
+    if "optimizer" not in config:
+        section = ds_optimizer(options.optimizer, ctx.lr)
+        if section is not None:
+            config["optimizer"] = section
     if config.get("optimizer", {}).get("type") == "SGD" or "optimizer" not in config:
         config.setdefault("zero_allow_untested_optimizer", True)  # SGD or a team factory: plain torch
     if ctx.precision in ("fp16", "bf16"):
@@ -156,6 +156,18 @@ def ds_config(ctx: StrategyContext, options: ZeroOptions, model_numel: int) -> d
         if isinstance(section, dict) and section.get("enabled") == AUTO:
             section["enabled"] = precision == ctx.precision
     return trainer_filled(config, ctx) if auto_keys(config) else config
+
+
+def ds_optimizer(name: str, lr: float) -> dict[str, Any] | None:
+    """The config's ``optimizer`` section for a named optimizer; None for the team's factory
+    (deepspeed.initialize then gets it as the client optimizer)."""
+    if name not in OPTIMIZERS:
+        return None
+    named = DS_OPTIMIZERS.get(name)
+    if named is None:
+        # Else the name would silently train with a client torch optimizer, not DeepSpeed's own.
+        raise RuntimeError(f"optimizer {name!r} is a named optimizer, but DS_OPTIMIZERS has no DeepSpeed config for it")
+    return {"type": named["type"], "params": {"lr": lr, **named["params"]}}
 
 
 def trainer_filled(config: dict[str, Any], ctx: StrategyContext) -> dict[str, Any]:
@@ -183,41 +195,42 @@ def trainer_filled(config: dict[str, Any], ctx: StrategyContext) -> dict[str, An
     return dict(filled.config)
 
 
-class DeepSpeedZeroStrategy(Strategy):
+class DeepSpeedZeroStrategy(Strategy[ZeroOptions]):
     engine: Any
+
+    def __init__(self, ctx: StrategyContext) -> None:
+        super().__init__(ctx)
+        # deepspeed.initialize's config: made in place() (ZeRO-3's zero.Init reads it while the
+        # model is built), else in setup().
+        self.config: dict[str, Any] | None = None
 
     @classmethod
     def check(cls, ctx: StrategyContext) -> None:
         check_precision(import_deepspeed(ctx.device), ctx.precision, ctx.device)
 
-    @property
-    def options(self) -> ZeroOptions:
-        assert isinstance(self.ctx.options, ZeroOptions)
-        return self.ctx.options
-
-    def build(self, factory: ModelFactory) -> nn.Module:
-        self.factory = factory
+    def place(self, factory: ModelFactory) -> nn.Module:
         # DeepSpeed's ZeRO all-gathers call an API torch 2.13 deprecates, once per rank.
         warnings.filterwarnings("ignore", message=ALL_GATHER_DEPRECATION, category=FutureWarning)
-        self.config = ds_config(self.ctx, self.options, factory.numel())
+        config = self.config = ds_config(self.ctx, self.options, factory.numel())
         if self.options.stage != 3:
             return factory.on_device(self.ctx.device)
         deepspeed = import_deepspeed(self.ctx.device)
-        with deepspeed.zero.Init(config_dict_or_path=self.config):
+        with deepspeed.zero.Init(config_dict_or_path=config):
             model = factory.build(self.ctx.device)
         factory.how = "zero.Init"
         return model
 
     def setup(self, model: nn.Module) -> None:
         deepspeed = import_deepspeed(self.ctx.device)
-        if not hasattr(self, "config"):  # set up without build(): a model made elsewhere
-            self.config = ds_config(self.ctx, self.options, sum(p.numel() for p in model.parameters()))
+        config = self.config
+        if config is None:  # set up without build(): a model made elsewhere
+            config = self.config = ds_config(self.ctx, self.options, sum(p.numel() for p in model.parameters()))
         steps.prepare_blocks(model, self.options.activation_checkpointing, compile_blocks=False)
         client = None
-        if "optimizer" not in self.config:  # the team's factory
+        if "optimizer" not in config:  # the team's factory
             client = steps.make_optimizer(self.options.optimizer, model.parameters(), self.ctx.lr)
         self.engine, _, _, _ = deepspeed.initialize(
-            model=model, model_parameters=model.parameters(), optimizer=client, config=self.config
+            model=model, model_parameters=model.parameters(), optimizer=client, config=config
         )
         if self.ctx.graph == "compile":
             self.engine.compile()  # DeepSpeed's own: compiles the module it wraps, ZeRO hooks left out

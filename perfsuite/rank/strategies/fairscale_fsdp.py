@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from perfsuite.core.engines import StepOptions
 from perfsuite.rank.models.build import transformer_blocks
 from perfsuite.rank.primitives import DTYPES, Precision, StateTensors, optimizer_state_tensors
 from perfsuite.rank.strategies.base import StrategyContext, TorchStrategy, require
@@ -24,7 +25,7 @@ from perfsuite.rank.strategies.base import StrategyContext, TorchStrategy, requi
 PARAM_BUFFERS = ("_fp32_shard", "_fp16_shard", "_full_param_padded")
 
 
-class FairscaleFSDPStrategy(TorchStrategy):
+class FairscaleFSDPStrategy(TorchStrategy[StepOptions]):
     @classmethod
     def check(cls, ctx: StrategyContext) -> None:
         require("fairscale.nn.data_parallel", "fairscale")

@@ -7,16 +7,22 @@ parameters and broadcasts the updated partitions after the step.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import nn
 
+from perfsuite.core.engines.builtin import WrappedOptimizerOptions
 from perfsuite.rank.primitives import Precision, StateTensors, optimizer_state_tensors
 from perfsuite.rank.strategies import steps
 from perfsuite.rank.strategies.base import StrategyContext, require
-from perfsuite.rank.strategies.ddp import DDPStrategy
+from perfsuite.rank.strategies.ddp import DataParallelStrategy
+
+# Generic so that fairscale_sdp, an OSS strategy, can take its own options; OSS's are the bound.
+WrappedT = TypeVar("WrappedT", bound=WrappedOptimizerOptions)
 
 
-class FairscaleOSSStrategy(DDPStrategy):
+class FairscaleOSSStrategy(DataParallelStrategy[WrappedT]):
     @classmethod
     def check(cls, ctx: StrategyContext) -> None:
         require("fairscale.optim", "fairscale")
@@ -29,7 +35,7 @@ class FairscaleOSSStrategy(DDPStrategy):
         # Built after DDP wrapped the model: OSS re-points each param's .data
         # into its per-rank flat buffer, which DDP tolerates.
         oss = require("fairscale.optim", "fairscale").OSS
-        cls, kwargs = steps.optimizer_class(steps.step_options(self.ctx.options)[0])
+        cls, kwargs = steps.optimizer_class(self.options.optimizer)
         optimizer: torch.optim.Optimizer = oss(model.parameters(), optim=cls, lr=self.ctx.lr, **kwargs)
         return optimizer
 

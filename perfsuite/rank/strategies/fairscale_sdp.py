@@ -15,16 +15,14 @@ from perfsuite.rank.strategies.base import require
 from perfsuite.rank.strategies.fairscale_oss import FairscaleOSSStrategy
 
 
-class FairscaleSDPStrategy(FairscaleOSSStrategy):
+class FairscaleSDPStrategy(FairscaleOSSStrategy[ShardedDDPOptions]):
     def setup(self, model: nn.Module) -> None:
         # ShardedDDP needs the OSS partition, so the optimizer comes first.
         self.precision = self.make_precision()
-        steps.prepare_blocks(model, steps.step_options(self.ctx.options)[1], compile_blocks=False)
+        steps.prepare_blocks(model, self.options.activation_checkpointing, compile_blocks=False)
         self.optimizer = self.make_optimizer(model)
         sharded_ddp = require("fairscale.nn.data_parallel", "fairscale").ShardedDataParallel
-        options = self.ctx.options
-        assert isinstance(options, ShardedDDPOptions)
-        self.model = sharded_ddp(model, self.optimizer, reduce_buffer_size=options.reduce_buffer_size)
+        self.model = sharded_ddp(model, self.optimizer, reduce_buffer_size=self.options.reduce_buffer_size)
 
     def zero_grad(self) -> None:
         # ShardedDDP's zero_grad keeps bucketed grads as views of their bucket;

@@ -43,19 +43,14 @@ def _fsdp() -> ModuleType:
     return fsdp
 
 
-class FSDP2Strategy(TorchStrategy):
+class FSDP2Strategy(TorchStrategy[FSDP2Options]):
     compile_blocks = True  # torchtitan's recipe: compile each block, then fully_shard it
 
     @classmethod
     def check(cls, ctx: StrategyContext) -> None:
         _fsdp()
 
-    @property
-    def options(self) -> FSDP2Options:
-        return self.options_as(FSDP2Options)
-
-    def build(self, factory: ModelFactory) -> nn.Module:
-        self.factory = factory
+    def place(self, factory: ModelFactory) -> nn.Module:
         return factory.on_meta("meta, then sharded")
 
     def make_precision(self) -> Precision:

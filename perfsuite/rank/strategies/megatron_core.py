@@ -239,12 +239,11 @@ def masked_mean_loss(
 
 
 # -- the strategy --------------------------------------------------------------------
-class MegatronCoreStrategy(Strategy):
+class MegatronCoreStrategy(Strategy[MegatronOptions]):
     pipelined = True
 
     mc: Megatron
     layout: ParallelLayout
-    options: MegatronOptions
     chunks: list[Any]  # megatron DistributedDataParallel, one per virtual stage of this rank
     optimizer: Any  # megatron.core.optimizer.ChainedOptimizer
     num_microbatches: int
@@ -257,16 +256,13 @@ class MegatronCoreStrategy(Strategy):
         import_megatron()
 
     # -- setup ------------------------------------------------------------------------
-    def build(self, factory: ModelFactory) -> nn.Module:
+    def place(self, factory: ModelFactory) -> nn.Module:
         # megatron's GPTModel builds each rank's partition; perfsuite's model only gives the shape.
-        self.factory = factory
         return factory.on_meta("engine's own")
 
     def setup(self, model: nn.Module) -> None:
         ctx = self.ctx
         self.mc = import_megatron()
-        assert isinstance(ctx.options, MegatronOptions)
-        self.options = ctx.options
         self.layout = ctx.layout
         dims = GPTDims.from_model(model)
         if self.layout.pp > 1:

@@ -15,7 +15,6 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from perfsuite.core.engines import StepOptions
 from perfsuite.core.engines.base import OPTIMIZERS
 from perfsuite.core.protocol import import_object
 from perfsuite.rank.models.build import transformer_blocks
@@ -41,14 +40,6 @@ def make_optimizer(name: str, params: ParamsT, lr: float) -> torch.optim.Optimiz
     return made
 
 
-def step_options(options: object) -> tuple[str, bool]:
-    """(optimizer, activation_checkpointing) of an engine's options; the defaults for an engine
-    without step options (a user engine)."""
-    if isinstance(options, StepOptions) or hasattr(options, "activation_checkpointing"):
-        return str(getattr(options, "optimizer", "adamw")), bool(getattr(options, "activation_checkpointing", False))
-    return "adamw", False
-
-
 def prepare_blocks(
     model: nn.Module, checkpoint: bool, compile_blocks: bool, blocks: nn.ModuleList | None = None
 ) -> None:
@@ -66,4 +57,4 @@ def prepare_blocks(
         found[index] = cast(nn.Module, torch.compile(wrapped)) if compile_blocks else wrapped
 
 
-__all__ = ["make_optimizer", "optimizer_class", "prepare_blocks", "step_options"]
+__all__ = ["make_optimizer", "optimizer_class", "prepare_blocks"]

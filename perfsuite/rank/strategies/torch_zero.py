@@ -8,19 +8,24 @@ import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from perfsuite.core.engines.builtin import WrappedOptimizerOptions
 from perfsuite.rank.primitives import StateTensors, optimizer_state_tensors
 from perfsuite.rank.strategies import steps
-from perfsuite.rank.strategies.ddp import DDPStrategy
+from perfsuite.rank.strategies.ddp import DataParallelStrategy
 
 
-class TorchZeroStrategy(DDPStrategy):
+class TorchZeroStrategy(DataParallelStrategy[WrappedOptimizerOptions]):
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        cls, kwargs = steps.optimizer_class(steps.step_options(self.ctx.options)[0])
+        cls, kwargs = steps.optimizer_class(self.options.optimizer)
         return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, lr=self.ctx.lr, **kwargs)
 
     def state_tensors(self) -> StateTensors:
         # The wrapper's own .state stays empty; the local optimizer (.optim)
         # holds the states of this rank's partition.
-        assert isinstance(self.optimizer, ZeroRedundancyOptimizer)
+        if not isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            raise TypeError(
+                f"torch_zero counts the states of a ZeroRedundancyOptimizer's partition; "
+                f"make_optimizer returned a {type(self.optimizer).__name__}"
+            )
         local = list(optimizer_state_tensors(self.optimizer.optim))
         return {**super().state_tensors(), "optimizer": local}

@@ -159,7 +159,7 @@ def _split_rows(rows: int, chunks: int) -> int:
     return rows // chunks
 
 
-class TPPPStrategy(Strategy):
+class TPPPStrategy(Strategy[TPPPOptions]):
     pipelined = True
 
     @classmethod
@@ -167,13 +167,8 @@ class TPPPStrategy(Strategy):
         _engines()  # the layout itself was validated at collection (perfsuite.core.engines)
 
     # -- setup --------------------------------------------------------------
-    @property
-    def options(self) -> TPPPOptions:
-        return self.options_as(TPPPOptions)
-
-    def build(self, factory: ModelFactory) -> nn.Module:
+    def place(self, factory: ModelFactory) -> nn.Module:
         # On meta: each rank gives storage to its own stages' (tensor-parallel) shards only.
-        self.factory = factory
         return factory.on_meta("meta, then split")
 
     def setup(self, model: nn.Module) -> None:
@@ -226,7 +221,10 @@ class TPPPStrategy(Strategy):
         tp, Replicate = eng["tp"], eng["tensor"].Replicate
         size = self.layout.tp
         for block in part.blocks:
-            assert isinstance(block, Block)
+            if not isinstance(block, Block):
+                raise TypeError(
+                    f"tp_pp splits megatron_gpt Blocks (attn.q/k/v/out, mlp.fc1/fc2), not {type(block).__name__}"
+                )
             attn, mlp = block.attn, block.mlp
             for name, value in (("heads", attn.q.out_features // attn.head_dim), ("ffn", mlp.fc1.out_features)):
                 if value % size:

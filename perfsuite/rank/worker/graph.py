@@ -94,8 +94,8 @@ def sweep_dead_kernels(cache: Path, min_age_s: float = DEAD_KERNEL_AGE_S) -> lis
 
     A compile killed while g++ links (a run stopped at its time limit, Ctrl-C,
     a cancelled CI job) leaves a zero-byte ``.so`` under its final name, and
-    inductor then fails every later run on it ("file too short"): seen on this
-    VM after a bootstrap stopped a compile row at its budget's end. Only
+    inductor then fails every later run on it ("file too short"): seen
+    after a bootstrap stopped a compile row at its budget's end. Only
     empty files older than ``min_age_s`` go, so a kernel that another rank is
     linking right now is left alone."""
     now = time.time()

@@ -9,7 +9,7 @@ requests on a Unix socket, one connection per agent. A request is one JSON line 
 agent's arguments, environment, working directory, log file, CPU affinity and resource limits;
 the parent forks, the child becomes the agent exactly as ``python -m perfsuite.rank.worker.agent``
 would (:func:`become_agent`), and the parent answers ``{"pid": N}``, then ``{"exit": CODE}``
-when the agent has ended. The agent forks its ranks as today, so every measurement still
+when the agent has ended. The agent forks its ranks as a fresh one does, so every measurement still
 runs in new processes: a new allocator, CUDA context and process group, and a crash or an
 OOM kills only forks.
 
