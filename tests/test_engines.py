@@ -115,7 +115,7 @@ def test_cuda_only_and_missing_engines_say_why_before_launch() -> None:
     assert phantom.unavailable("cpu") == (
         "phantom_engine_pkg is not installed; install it with: pip install 'perfsuite[phantom]'"
     )
-    assert engine_spec("ddp").unavailable("cpu") == ""
+    assert engine_spec("ddp").unavailable("cpu") is None
     # The same decision as data: what is missing and the extra that installs it (the message is built on it).
     assert phantom.missing_package("cpu") == MissingPackage("phantom_engine_pkg", "phantom")
     assert phantom.missing_package("cpu").describe() == phantom.unavailable("cpu")  # type: ignore[union-attr]

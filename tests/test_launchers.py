@@ -269,7 +269,7 @@ def test_emulated_nodes_share_the_host_gpus_and_refuse_before_launch() -> None:
     reason = launch_precondition(scenario, gpu_profile("nvidia-h100-80gb-hbm3-x1"), one_gpu, Topology(nnodes=2))
     assert reason == "needs 2 GPUs, 2 node(s) emulated on this host share its 1 GPU(s): 0 each"
     two_gpus = {**one_gpu, "gpu_count": 2}
-    assert launch_precondition(scenario, gpu_profile("x"), two_gpus, Topology(nnodes=2)) == ""
+    assert launch_precondition(scenario, gpu_profile("x"), two_gpus, Topology(nnodes=2)) is None
 
 
 def dump(*frames: tuple[str, str]) -> str:

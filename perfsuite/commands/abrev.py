@@ -145,8 +145,8 @@ def launch_of(result: Mapping[str, Any]) -> OneLaunch:
     if status == "ok" and not values:  # a microbenchmark's or collective's rate is another metric
         status, message = "skipped", f"measures no {METRIC}: ab-rev compares training throughput"
     busy = metrics.get("contention")
-    why = contended(Contention(**busy), CPU.max_foreign_cores, CPU.max_steal_cores) if busy else ""
-    return OneLaunch(status, values, message, why or None)
+    why = contended(Contention(**busy), CPU.max_foreign_cores, CPU.max_steal_cores) if busy else None
+    return OneLaunch(status, values, message, why)
 
 
 def ab_trees(base: Path, candidate: Path, settings: Settings, scratch: Path,

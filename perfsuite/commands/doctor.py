@@ -57,7 +57,7 @@ print(json.dumps(found))
 @dataclass(frozen=True)
 class EngineCheck:
     name: str
-    unavailable: str  # why it cannot run here by its spec ("" if it can)
+    unavailable: str | None  # why it cannot run here by its spec (None if it can)
     import_error: str = ""
     smoke: str = ""  # "ok", "skipped: ...", or the failure
     smoke_s: float = 0.0
@@ -124,7 +124,9 @@ def check_engines(
     return list(checks.values())
 
 
-def uninstalled(reasons: Mapping[str, tuple[BaseScenario, str]], profile: HardwareProfile) -> tuple[NotInstalled, ...]:
+def uninstalled(
+    reasons: Mapping[str, tuple[BaseScenario, str | None]], profile: HardwareProfile
+) -> tuple[NotInstalled, ...]:
     """The scenarios that skip because their engine's package is not installed, by the extra to install."""
     return not_installed(
         Outcome(scenario_id, "skipped", reason, missing=launch_missing(scenario, profile))

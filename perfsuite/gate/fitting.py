@@ -46,8 +46,8 @@ def gpu_capacity(fingerprint: Mapping[str, Any], topology: Topology | None) -> t
 
 def launch_precondition(
     scenario: BaseScenario, profile: HardwareProfile, fingerprint: Mapping[str, Any], topology: Topology | None
-) -> str:
-    """Why ``scenario`` (resolved for ``profile``) cannot run here, or "" if it can."""
+) -> str | None:
+    """Why ``scenario`` (resolved for ``profile``) cannot run here, or None if it can."""
     if not _on_profile(scenario, profile):
         return f"runs on {', '.join(scenario.only_on)} profiles only; this is {profile.name}"
     reason = scenario.precondition(profile.device)
@@ -73,7 +73,7 @@ def launch_precondition(
             topology.ranks_per_node(scenario.world_size)
         except TopologyError as exc:
             return str(exc)
-    return ""
+    return None
 
 
 def launch_missing(scenario: BaseScenario, profile: HardwareProfile) -> MissingPackage | None:

@@ -294,7 +294,7 @@ class PerfSession:
         if missing:
             return missing
         topology = self.launches.topology(scenario)
-        return launch_precondition(scenario, self.profile, self.fingerprint, topology) or None
+        return launch_precondition(scenario, self.profile, self.fingerprint, topology)
 
     def missing(self, scenario: BaseScenario) -> MissingPackage | None:
         """The engine package whose absence is why a prepared ``scenario`` skips here (None when

@@ -82,10 +82,10 @@ def _host(host: str, records: Sequence[Mapping[str, Any]]) -> Contention:
     return Contention(max(0.0, busy - own) / window, max(0.0, steal) / window, host, int(records[0]["host_cpus"]))
 
 
-def contended(contention: Contention | None, max_foreign_cores: float, max_steal_cores: float) -> str:
-    """Why the measurement was contended ("" if it was not)."""
+def contended(contention: Contention | None, max_foreign_cores: float, max_steal_cores: float) -> str | None:
+    """Why the measurement was contended (None if it was not)."""
     if contention is None:
-        return ""
+        return None
     why = []
     if contention.foreign_cores > max_foreign_cores:
         why.append(
@@ -95,7 +95,7 @@ def contended(contention: Contention | None, max_foreign_cores: float, max_steal
     if contention.steal_cores > max_steal_cores:
         why.append(f"the hypervisor stole {contention.steal_cores:.2f} cores (limit {max_steal_cores:g})")
     why.extend(f"another process computed on {gpu}" for gpu in contention.foreign_gpu)
-    return "; ".join(why)
+    return "; ".join(why) or None
 
 
 @dataclass(frozen=True)

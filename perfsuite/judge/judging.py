@@ -215,7 +215,7 @@ def spread_grew(
 
 def contention_of(metrics: ScenarioMetrics, profile: HardwareProfile) -> str | None:
     """Why ``metrics`` were measured under contention by this profile's limits (None if they were not)."""
-    return contended(metrics.contention, profile.max_foreign_cores, profile.max_steal_cores) or None
+    return contended(metrics.contention, profile.max_foreign_cores, profile.max_steal_cores)
 
 
 # -- notes on a verdict that took more than one measurement --------------------

@@ -107,15 +107,15 @@ class EngineOptions:
     def check_run(self, run: RunShape) -> None:
         """Raise OptionError where the options contradict the scenario's batch or precision."""
 
-    def unavailable(self, device: str) -> str:
-        """Why these options cannot run on ``device`` here ("" if they can)."""
-        return ""
+    def unavailable(self, device: str) -> str | None:
+        """Why these options cannot run on ``device`` here (None if they can)."""
+        return None
 
-    def probe(self, rank_path: str) -> str:
+    def probe(self, rank_path: str) -> str | None:
         """What a child interpreter on ``rank_path`` (the ranks' PYTHONPATH) finds wrong with these
-        options ("" if nothing): the collection step's check (:mod:`perfsuite.plugin.collection`),
+        options (None if nothing): the collection step's check (:mod:`perfsuite.plugin.collection`),
         never the constructor's, since a rank parses the same options."""
-        return ""
+        return None
 
 
 def invalid_for(engine: str, problem: str) -> str:
@@ -141,11 +141,11 @@ def check_optimizer(name: str, factories: bool = True) -> None:
         )
 
 
-def optimizer_problem(name: str, rank_path: str) -> str:
+def optimizer_problem(name: str, rank_path: str) -> str | None:
     """What a child interpreter on ``rank_path`` finds wrong with a well-formed ``optimizer``
-    option ("" if nothing; a named optimizer needs no child)."""
+    option (None if nothing; a named optimizer needs no child)."""
     problem = "" if name in OPTIMIZERS else check_callable(name, rank_path)
-    return f"option 'optimizer' {problem}" if problem else ""
+    return f"option 'optimizer' {problem}" if problem else None
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ class StepOptions(EngineOptions):
     def __post_init__(self) -> None:
         check_optimizer(self.optimizer, self.takes_factory)
 
-    def probe(self, rank_path: str) -> str:
+    def probe(self, rank_path: str) -> str | None:
         return optimizer_problem(self.optimizer, rank_path)
 
 
@@ -283,14 +283,14 @@ class EngineSpec:
                 f"use one of {', '.join(self.schedules)}"
             )
 
-    def unavailable(self, device: str, options: EngineOptions | None = None) -> str:
-        """Why this engine (with ``options``) cannot run here, before anything launches ("" if it can)."""
+    def unavailable(self, device: str, options: EngineOptions | None = None) -> str | None:
+        """Why this engine (with ``options``) cannot run here, before anything launches (None if it can)."""
         if device not in self.devices:
             return self.why_not.get(device) or f"engine {self.name} runs on {', '.join(self.devices)} only"
         missing = self.missing_package(device)
         if missing is not None:
             return missing.describe()
-        return options.unavailable(device) if options is not None else ""
+        return options.unavailable(device) if options is not None else None
 
     def missing_package(self, device: str) -> MissingPackage | None:
         """The first module it imports that cannot be found here: the reason :meth:`unavailable`

@@ -85,10 +85,10 @@ class FSDP2Options(StepOptions):
             if value is not None and value not in POLICY_DTYPES:
                 raise OptionError(f"option {name!r} must be one of {', '.join(POLICY_DTYPES)} or None, got {value!r}")
 
-    def unavailable(self, device: str) -> str:
+    def unavailable(self, device: str) -> str | None:
         if self.cpu_offload and device == "cpu":
             return "fsdp2's cpu_offload moves GPU shards to host memory: on the cpu profile there is nothing to offload"
-        return ""
+        return None
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class TPPPOptions(ParallelOptions):
     def __post_init__(self) -> None:
         check_optimizer(self.optimizer)
 
-    def probe(self, rank_path: str) -> str:
+    def probe(self, rank_path: str) -> str | None:
         return optimizer_problem(self.optimizer, rank_path)
 
 
@@ -187,8 +187,8 @@ class ZeroOptions(StepOptions):
             check_batch_keys(self.config, run)
             check_auto(self.config)
 
-    def unavailable(self, device: str) -> str:
-        return config_optimizer_problem(self.config, device) if self.config is not None else ""
+    def unavailable(self, device: str) -> str | None:
+        return config_optimizer_problem(self.config, device) if self.config is not None else None
 
 
 @dataclass(frozen=True)

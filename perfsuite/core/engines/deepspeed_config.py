@@ -142,14 +142,14 @@ def optimizer_op(config: Mapping[str, Any]) -> str | None:
     return None
 
 
-def config_optimizer_problem(config: Mapping[str, Any], device: str) -> str:
-    """Why the config's optimizer cannot be built on ``device`` here ("" when it can)."""
+def config_optimizer_problem(config: Mapping[str, Any], device: str) -> str | None:
+    """Why the config's optimizer cannot be built on ``device`` here (None when it can)."""
     builder = optimizer_op(config)
     if builder is None:
-        return ""
+        return None
     why = _op_problem(builder, device)
     if not why:
-        return ""
+        return None
     kind = config["optimizer"].get("type")
     return (
         f"its DeepSpeed config's optimizer {kind!r} needs DeepSpeed's {builder} op, which cannot be built here "

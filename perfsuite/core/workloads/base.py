@@ -208,10 +208,10 @@ class BaseScenario:
         another shape within noise of the last, and that shape's memory is another figure."""
         return {}
 
-    def precondition(self, device: str) -> str:
-        """Why this scenario cannot run on ``device`` ("" if it can); checked
+    def precondition(self, device: str) -> str | None:
+        """Why this scenario cannot run on ``device`` (None if it can); checked
         before launching, so nothing starts for a scenario that must skip."""
-        return ""
+        return None
 
     def missing_package(self, device: str) -> MissingPackage | None:
         """The engine package whose absence is the :meth:`precondition` on ``device`` (None if it is not)."""

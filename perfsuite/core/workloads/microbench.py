@@ -154,12 +154,12 @@ class Microbench(BaseScenario):
         # but its peak memory is that shape's (352 or 608 MiB for tf32 on one H100).
         return {"best_shape": ("peak_mem_mib",)} if self.op == "matmul_best" else {}
 
-    def precondition(self, device: str) -> str:
+    def precondition(self, device: str) -> str | None:
         if device == "cpu" and self.dtype == "tf32":
             return "tf32 is a CUDA tensor-core math mode; there is no cpu equivalent"
         if device == "cpu" and self.dtype == "fp8":
             return "fp8 matmuls need a GPU of compute capability 8.9 or newer"
-        return ""
+        return None
 
     @property
     def flops_formula(self) -> str:

@@ -272,7 +272,7 @@ class Scenario(BaseScenario):
     def step_work(self) -> Mapping[str, float]:
         return {"samples_per_s": self.global_batch, "tokens_per_s": self.global_batch * self.seq_len}
 
-    def precondition(self, device: str) -> str:
+    def precondition(self, device: str) -> str | None:
         return self.engine.unavailable(device, self.engine_options)
 
     def missing_package(self, device: str) -> MissingPackage | None:

@@ -203,7 +203,7 @@ class TrainerScenario(BaseScenario):
     def step_work(self) -> Mapping[str, float]:
         return {"samples_per_s": self.total_batch, "tokens_per_s": self.total_batch * self.seq_len}
 
-    def precondition(self, device: str) -> str:
+    def precondition(self, device: str) -> str | None:
         if importlib.util.find_spec("accelerate") is None:
             return f"accelerate is not installed; transformers.Trainer needs it: pip install 'accelerate>={ACCELERATE_MIN}'"
         if device == "cpu" and self.precision == "fp16":
@@ -211,7 +211,7 @@ class TrainerScenario(BaseScenario):
                 "fp16 needs a GPU: on cpu accelerate enables neither fp16 autocast nor a GradScaler, so the "
                 "Trainer would silently train in fp32 (use precision='bf16' in the cpu variant)"
             )
-        return ""
+        return None
 
     def rank_imports(self) -> tuple[str, ...]:
         """The runner's modules (transformers' Trainer, which imports ``torch._dynamo``) and the model builder's."""
