@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TypeVar
 
 from perfsuite.core.protocol import RankJob, RankReport
 from perfsuite.rank.worker.runtime import Reporter, WorkerContext
+
+SpecT = TypeVar("SpecT")
+
+
+def spec_as(job: RankJob, kind: type[SpecT]) -> SpecT:
+    """``job``'s spec, which must be a ``kind``: a runner handed another scenario kind's job
+    stops with an error (an assert would vanish under ``python -O``)."""
+    if not isinstance(job.spec, kind):
+        raise TypeError(f"this runner takes a {kind.__name__} job, got a {type(job.spec).__name__}")
+    return job.spec
 
 
 class Runner(ABC):

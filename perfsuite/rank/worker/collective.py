@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from perfsuite.core.protocol import RankJob, RankReport
 from perfsuite.core.workloads.collective import ELEMENT_BYTES, CollectiveSpec
-from perfsuite.rank.worker.base import Runner
+from perfsuite.rank.worker.base import Runner, spec_as
 from perfsuite.rank.worker.loop import Step, measure
 from perfsuite.rank.worker.runtime import Reporter, WorkerContext
 
@@ -17,8 +17,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 class CollectiveRunner(Runner):
     def __init__(self, job: RankJob) -> None:
         super().__init__(job)
-        assert isinstance(job.spec, CollectiveSpec)
-        self.spec = job.spec
+        self.spec = spec_as(job, CollectiveSpec)
 
     def step(self, ctx: WorkerContext) -> Step:
         """One step: ``iterations`` collectives on buffers allocated once, up front."""

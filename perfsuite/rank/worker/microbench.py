@@ -15,7 +15,7 @@ from torch import nn
 
 from perfsuite.core.protocol import EngineUnavailable, RankJob, RankReport
 from perfsuite.core.workloads.microbench import CopySpec, MicrobenchSpec, matmul_flops
-from perfsuite.rank.worker.base import Runner
+from perfsuite.rank.worker.base import Runner, spec_as
 from perfsuite.rank.worker.loop import Step, measure
 from perfsuite.rank.worker.runtime import Reporter, WorkerContext
 
@@ -98,8 +98,7 @@ def layer_call(spec: MicrobenchSpec, device: torch.device) -> Callable[[], Any]:
 class MicrobenchRunner(Runner):
     def __init__(self, job: RankJob) -> None:
         super().__init__(job)
-        assert isinstance(job.spec, MicrobenchSpec)
-        self.spec = job.spec
+        self.spec = spec_as(job, MicrobenchSpec)
 
     def check(self, ctx: WorkerContext) -> None:
         if self.spec.dtype != "fp8" or ctx.device.type != "cuda":
@@ -154,8 +153,7 @@ class MicrobenchRunner(Runner):
 class CopyRunner(Runner):
     def __init__(self, job: RankJob) -> None:
         super().__init__(job)
-        assert isinstance(job.spec, CopySpec)
-        self.spec = job.spec
+        self.spec = spec_as(job, CopySpec)
 
     def run(self, ctx: WorkerContext, reporter: Reporter) -> RankReport:
         reporter.phase("build")

@@ -20,7 +20,7 @@ from perfsuite.rank.models.materialise import ModelFactory
 from perfsuite.rank.primitives import count_state_bytes
 from perfsuite.rank.strategies.base import Strategy, StrategyContext, load_strategy
 from perfsuite.rank.worker import graph
-from perfsuite.rank.worker.base import Runner
+from perfsuite.rank.worker.base import Runner, spec_as
 from perfsuite.rank.worker.flopcount import counted_flops
 from perfsuite.rank.worker.loop import LoopResult, Step, measure
 from perfsuite.rank.worker.runtime import Reporter, WorkerContext
@@ -33,8 +33,7 @@ Batch = Mapping[str, torch.Tensor]
 class TrainRunner(Runner):
     def __init__(self, job: RankJob) -> None:
         super().__init__(job)
-        assert isinstance(job.spec, TrainSpec)
-        self.spec = job.spec
+        self.spec = spec_as(job, TrainSpec)
         # Imported now, before CUDA is touched, so an engine can set environment
         # it needs at context creation (megatron-core: CUDA_DEVICE_MAX_CONNECTIONS).
         self.strategy_cls = load_strategy(self.spec.implementation)

@@ -37,7 +37,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from perfsuite.core.protocol import EngineUnavailable, RankJob, RankReport
 from perfsuite.core.workloads.trainer import TrainerSpec
 from perfsuite.rank.models.build import build_model, synthetic_batch
-from perfsuite.rank.worker.base import Runner
+from perfsuite.rank.worker.base import Runner, spec_as
 from perfsuite.rank.worker.health import HealthTracker
 from perfsuite.rank.worker.loop import LoopResult, burn
 from perfsuite.rank.worker.memory import MemoryTracker
@@ -158,8 +158,7 @@ def training_arguments(spec: TrainerSpec, ctx: WorkerContext, output_dir: str, s
 class TrainerRunner(Runner):
     def __init__(self, job: RankJob) -> None:
         super().__init__(job)
-        assert isinstance(job.spec, TrainerSpec)
-        self.spec = job.spec
+        self.spec = spec_as(job, TrainerSpec)
 
     def check(self, ctx: WorkerContext) -> None:
         if ctx.device.type == "cpu" and self.spec.precision == "fp16":
