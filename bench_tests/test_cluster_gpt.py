@@ -49,33 +49,62 @@ def layout_row(nodes: int, tp: int, pp: int, strategy: str = "tp_pp") -> Scenari
     # tp spans the node on cpu too: tp = 2 ranks, one replica per node.
     cpu_options = {"tp": CPU_RANKS_PER_NODE, "pp": 1, "microbatches": CPU_MICROBATCHES}
     return Scenario(
-        "cluster_gpt", f"n{nodes}_tp{tp}_pp{pp}{'_mcore' if strategy == 'megatron_core' else ''}", GPT_3_9B,
-        strategy=strategy, strategy_options=options, world_size=world, nodes=nodes, micro_batch=MICRO,
-        global_batch=MICRO * MICROBATCHES * replicas, **MEASURE,
+        "cluster_gpt",
+        f"n{nodes}_tp{tp}_pp{pp}{'_mcore' if strategy == 'megatron_core' else ''}",
+        GPT_3_9B,
+        strategy=strategy,
+        strategy_options=options,
+        world_size=world,
+        nodes=nodes,
+        micro_batch=MICRO,
+        global_batch=MICRO * MICROBATCHES * replicas,
+        **MEASURE,
         only_on=() if runs_on_cpu else ("cuda",),
-        variants={"cpu": {
-            **CPU_MEASURE, "strategy_options": cpu_options, "world_size": CPU_RANKS_PER_NODE * nodes,
-            "micro_batch": CPU_MICRO, "global_batch": CPU_MICRO * CPU_MICROBATCHES * nodes,
-        }} if runs_on_cpu else {},
-        reference=f"B: {nodes} node(s) x 8 GPUs, tp={tp} x pp={pp}" + (", megatron-core" if strategy == "megatron_core" else ""),
-    )  # fmt: skip
+        variants={
+            "cpu": {
+                **CPU_MEASURE,
+                "strategy_options": cpu_options,
+                "world_size": CPU_RANKS_PER_NODE * nodes,
+                "micro_batch": CPU_MICRO,
+                "global_batch": CPU_MICRO * CPU_MICROBATCHES * nodes,
+            }
+        }
+        if runs_on_cpu
+        else {},
+        reference=f"B: {nodes} node(s) x 8 GPUs, tp={tp} x pp={pp}"
+        + (", megatron-core" if strategy == "megatron_core" else ""),
+    )
 
 
 def zero3_row(nodes: int) -> Scenario:
     world = GPUS_PER_NODE * nodes
     cpu_world = CPU_RANKS_PER_NODE * nodes
     return Scenario(
-        "cluster_gpt", f"n{nodes}_zero3", GPT_3_9B, strategy="deepspeed_zero", strategy_options={"stage": 3},
-        world_size=world, nodes=nodes, micro_batch=MICRO, global_batch=MICRO * world, **MEASURE,
+        "cluster_gpt",
+        f"n{nodes}_zero3",
+        GPT_3_9B,
+        strategy="deepspeed_zero",
+        strategy_options={"stage": 3},
+        world_size=world,
+        nodes=nodes,
+        micro_batch=MICRO,
+        global_batch=MICRO * world,
+        **MEASURE,
         only_on=() if nodes in CPU_NODES else ("cuda",),
-        variants={"cpu": {
-            **CPU_MEASURE, "world_size": cpu_world, "micro_batch": CPU_MICRO,
-            "global_batch": CPU_MICRO * CPU_MICROBATCHES * cpu_world,
-            # DeepSpeed's default keeps parameters under 1e5 elements whole on every rank: all of a tiny model.
-            "strategy_options": {"stage": 3, "param_persistence_threshold": 0},
-        }} if nodes in CPU_NODES else {},
+        variants={
+            "cpu": {
+                **CPU_MEASURE,
+                "world_size": cpu_world,
+                "micro_batch": CPU_MICRO,
+                "global_batch": CPU_MICRO * CPU_MICROBATCHES * cpu_world,
+                # DeepSpeed's default keeps parameters under 1e5 elements whole on every rank: all of a tiny model.
+                "strategy_options": {"stage": 3, "param_persistence_threshold": 0},
+            }
+        }
+        if nodes in CPU_NODES
+        else {},
         reference=f"B: plain data parallel with sharded states (ZeRO-3), {nodes} node(s) x 8 GPUs",
-    )  # fmt: skip
+    )
 
 
 LAYOUT_ROWS = {(n, tp, pp): layout_row(n, tp, pp) for n in NODES for tp, pp in LAYOUTS}
@@ -87,8 +116,10 @@ SCENARIOS = [*LAYOUT_ROWS.values(), *ZERO3_ROWS.values(), *MCORE_ROWS]
 def weak_scaling(rows: list[Scenario]) -> list[Relation]:
     """N nodes deliver more than 80% of N x one node's samples/s (the seed's
     question: how well a cluster with a slower interconnect scales)."""
-    return [Relation("samples_per_s", r, ">", rows[0], factor="scaling", efficiency=0.8, only_on=("cuda",))
-            for r in rows[1:]]  # fmt: skip
+    return [
+        Relation("samples_per_s", r, ">", rows[0], factor="scaling", efficiency=0.8, only_on=("cuda",))
+        for r in rows[1:]
+    ]
 
 
 RELATIONS = [

@@ -28,14 +28,19 @@ CPU = dict(world_size=2, warmup_steps=2, steps=10, tolerances={"peak_mem_mib": 0
 def row(op: str, size: str) -> Collective:
     small = size == "1mib"
     return Collective(
-        "collectives", f"{op}_{size}", op=op, size_bytes=MIB if small else GIB,
+        "collectives",
+        f"{op}_{size}",
+        op=op,
+        size_bytes=MIB if small else GIB,
         # Many small collectives per timed step, so the clock measures them rather than itself.
         # On cpu 50: a step of 20 (~30 ms) caught the VM's scheduling hiccups whole, per-step
         # spread 16-48% over 3 runs of each op, against 12-37% with 50.
-        iterations=20 if small else 1, **SEED,
+        iterations=20 if small else 1,
+        **SEED,
         variants={"cpu": {**CPU, "size_bytes": MIB if small else 16 * MIB, "iterations": 50 if small else 1}},
-        reference="nccl-tests busbw" + ("" if small else "; 1 GiB on GPUs, 16 MiB on cpu"), tier="nightly",
-    )  # fmt: skip
+        reference="nccl-tests busbw" + ("" if small else "; 1 GiB on GPUs, 16 MiB on cpu"),
+        tier="nightly",
+    )
 
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")

@@ -38,20 +38,32 @@ def _only(dtype: str) -> tuple[str, ...]:
 
 def matmul(dtype: str) -> Microbench:
     return Microbench(
-        "microbench", f"matmul_{dtype}", op="matmul", dtype=dtype, shape=(N, N, N), iterations=20, **MEASURE,
+        "microbench",
+        f"matmul_{dtype}",
+        op="matmul",
+        dtype=dtype,
+        shape=(N, N, N),
+        iterations=20,
+        **MEASURE,
         only_on=_only(dtype),
         variants={"cpu": {"shape": (CPU_N, CPU_N, CPU_N), "iterations": 10, **CPU_MEASURE}},
         reference=f"C1 matrix multiplication {dtype} (n=8192)",
-    )  # fmt: skip
+    )
 
 
 def best(dtype: str) -> Microbench:
     return Microbench(
-        "microbench", f"matmul_best_{dtype}", op="matmul_best", dtype=dtype, search=SEARCH, iterations=20,
-        **MEASURE, only_on=_only(dtype),
+        "microbench",
+        f"matmul_best_{dtype}",
+        op="matmul_best",
+        dtype=dtype,
+        search=SEARCH,
+        iterations=20,
+        **MEASURE,
+        only_on=_only(dtype),
         variants={"cpu": {"search": CPU_SEARCH, "iterations": 10, **CPU_MEASURE}},
         reference="maximum achievable matmul TFLOPS (ml-engineering MAMF finder); H100 SXM bf16 ~794",
-    )  # fmt: skip
+    )
 
 
 LAYER_SHAPES = {  # (batch, seq, hidden, heads, ffn) of the seed source's best rows
@@ -65,29 +77,46 @@ CPU_LAYER = (4, 64, 128, 4, 512)
 
 def layer(name: str, layer_pass: str) -> Microbench:
     return Microbench(
-        "microbench", f"{name}_layer_{layer_pass}", op="layer", layer=name, layer_pass=layer_pass, dtype="fp16",
-        shape=LAYER_SHAPES[name], iterations=5, **MEASURE,
+        "microbench",
+        f"{name}_layer_{layer_pass}",
+        op="layer",
+        layer=name,
+        layer_pass=layer_pass,
+        dtype="fp16",
+        shape=LAYER_SHAPES[name],
+        iterations=5,
+        **MEASURE,
         # On cpu forward+backward (which runs the forward too) is enough to
         # exercise each block: a row costs 6-7 s there, mostly imports.
         only_on=("cuda",) if layer_pass == "fwd" else (),
         variants={"cpu": {"shape": CPU_LAYER, "dtype": "fp32", "iterations": 3, **CPU_MEASURE}},
         reference=f"C1 {name} layer {layer_pass.replace('_', '+')} (fp16)",
-    )  # fmt: skip
+    )
 
 
 MATMUL = {dtype: matmul(dtype) for dtype in GPU_DTYPES}
 BEST = {dtype: best(dtype) for dtype in GPU_DTYPES}
 LAYERS = {(name, p): layer(name, p) for name in LAYER_SHAPES for p in ("fwd", "fwd_bwd")}
 VECTOR = Microbench(
-    "microbench", "vector_mul", op="vector_mul", dtype="fp32", shape=(4 * 2**20,), iterations=50, **MEASURE,
+    "microbench",
+    "vector_mul",
+    op="vector_mul",
+    dtype="fp32",
+    shape=(4 * 2**20,),
+    iterations=50,
+    **MEASURE,
     variants={"cpu": {"shape": (2**20,), "iterations": 20, **CPU_MEASURE}},
     reference="C1 vector multiplication (a * 1.2, 4M fp32 elements)",
-)  # fmt: skip
+)
 COPY = DeviceCopy(
-    "microbench", "device_copy", size_bytes=2**30, iterations=10, **MEASURE,
+    "microbench",
+    "device_copy",
+    size_bytes=2**30,
+    iterations=10,
+    **MEASURE,
     variants={"cpu": {"size_bytes": 64 * 2**20, "iterations": 4, **CPU_MEASURE}},
     reference="device memory bandwidth (1 GiB copy); H100 SXM ~3.0 TB/s of 3.35",
-)  # fmt: skip
+)
 SCENARIOS = [*BEST.values(), *MATMUL.values(), VECTOR, COPY, *LAYERS.values()]
 
 RELATIONS = [

@@ -82,10 +82,12 @@ NIGHTLY = "nightly"
 OSS = row("fairscale_oss_amp", "fairscale_oss", "A2 + fairscale OSS: 6.02 +/- 0.06, 22077 MB", tier=NIGHTLY)
 SDP = row("fairscale_sdp_amp", "fairscale_sdp", "A2 + OSS + ShardedDDP: 7.01 +/- 0.07, 17113 MB", tier=NIGHTLY)
 FAIRSCALE_FSDP = row("fairscale_fsdp_amp", "fairscale_fsdp", "A2 + fairscale FSDP: did not run in the seed")
-ZERO1 = row("zero1_amp", "deepspeed_zero", "A2 + ZeRO-1: 12.88 +/- 0.10, 15709 MB", strategy_options={"stage": 1},
-            tier=NIGHTLY)  # fmt: skip
-ZERO2 = row("zero2_amp", "deepspeed_zero", "A2 + ZeRO-2: 10.27 +/- 0.08, 15693 MB", strategy_options={"stage": 2},
-            tier=NIGHTLY)  # fmt: skip
+ZERO1 = row(
+    "zero1_amp", "deepspeed_zero", "A2 + ZeRO-1: 12.88 +/- 0.10, 15709 MB", strategy_options={"stage": 1}, tier=NIGHTLY
+)
+ZERO2 = row(
+    "zero2_amp", "deepspeed_zero", "A2 + ZeRO-2: 10.27 +/- 0.08, 15693 MB", strategy_options={"stage": 2}, tier=NIGHTLY
+)
 # ZeRO-3 keeps parameters under 1e5 elements whole on every rank; every
 # parameter of the cpu model is that small, so it shards them all there.
 ZERO3 = row(
@@ -101,9 +103,14 @@ TORCH_ZERO = row("torch_zero_amp", "torch_zero", "native OSS: torch ZeroRedundan
 FSDP2 = row("fsdp2_amp", "fsdp2", "native FSDP: torch fully_shard per transformer block")
 
 GPT_1_3B_FAST = ModelSpec(
-    "gpt2", layers=24, hidden=2048, heads=32, vocab=50304, max_positions=1024,
+    "gpt2",
+    layers=24,
+    hidden=2048,
+    heads=32,
+    vocab=50304,
+    max_positions=1024,
     config={"activation_function": "gelu_pytorch_tanh"},
-)  # fmt: skip
+)
 DDP_BEST, DDP_BEST_COMPILE = BEST_ROWS = [
     Scenario(
         "model_state_sharding",

@@ -48,12 +48,18 @@ def cpu_variant(gpus: int, batch: int, fp16: bool) -> dict[str, object]:
 def row(gpus: int, batch: int, fp16: bool) -> TrainerScenario:
     precision = "fp16" if fp16 else "fp32"
     return TrainerScenario(
-        "trainer_sweep", f"gpu{gpus}_bs{batch}_{precision}", BERT_SEED, precision=precision, world_size=gpus,
-        per_device_batch=batch, **SEED, variants={"cpu": cpu_variant(gpus, batch, fp16)},
+        "trainer_sweep",
+        f"gpu{gpus}_bs{batch}_{precision}",
+        BERT_SEED,
+        precision=precision,
+        world_size=gpus,
+        per_device_batch=batch,
+        **SEED,
+        variants={"cpu": cpu_variant(gpus, batch, fp16)},
         only_on=ONLY_ON.get(gpus, ()) or (() if batch in CPU_BATCHES else ("cuda",)),
         reference=f"C2 {'fp16' if fp16 else 'fp32'}, {gpus} GPU(s), per-device batch {batch}, "
         f"total batch {gpus * batch * 4}",
-    )  # fmt: skip
+    )
 
 
 ROWS = {(g, b, f): row(g, b, f) for f in FP16 for g in GPUS for b in BATCHES}
@@ -79,11 +85,19 @@ FP16_FASTER = [
 # the efficiency reached either way.
 SCALING = [
     Relation(
-        "samples_per_s", ROWS[g, b, f], ">", ROWS[1, b, f], factor="scaling", efficiency=0.7, only_on=("cuda",),
+        "samples_per_s",
+        ROWS[g, b, f],
+        ">",
+        ROWS[1, b, f],
+        factor="scaling",
+        efficiency=0.7,
+        only_on=("cuda",),
         why="C2: multi-GPU must not be slower per sample than one GPU",
     )
-    for f in FP16 for b in BATCHES for g in (2, 4)
-]  # fmt: skip
+    for f in FP16
+    for b in BATCHES
+    for g in (2, 4)
+]
 # On cpu a floor, not the GPU claim: 2 gloo ranks (one thread each) against
 # one. Measured on the shared 2-core VM: 83-100% with little other load, but
 # 38-164% over 18 pairs while other jobs kept the load at 3-6 (a row's
@@ -94,11 +108,18 @@ SCALING = [
 # that merely took turns would still reach 50%).
 CPU_SCALING = [
     Relation(
-        "samples_per_s", ROWS[2, b, f], ">", ROWS[1, b, f], factor="scaling", efficiency=0.2, only_on=("cpu",),
+        "samples_per_s",
+        ROWS[2, b, f],
+        ">",
+        ROWS[1, b, f],
+        factor="scaling",
+        efficiency=0.2,
+        only_on=("cpu",),
         why="gloo ranks on a shared 2-core machine",
     )
-    for f in FP16 for b in CPU_BATCHES
-]  # fmt: skip
+    for f in FP16
+    for b in CPU_BATCHES
+]
 RELATIONS = FP16_FASTER + SCALING + CPU_SCALING
 
 

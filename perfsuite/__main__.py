@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     selftest = commands.add_parser("selftest", help="measure the gate's detection and false-alarm rates")
     selftest.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
     selftest.add_argument("-k", dest="keyword", help="pytest -k expression (one scenario is best; not with --simulate)")
-    selftest.add_argument("--levels", type=levels,
-                          help="slowdowns in %% (default 0,25,50,100; with --simulate 0,3,5,10)")  # fmt: skip
+    selftest.add_argument(
+        "--levels", type=levels, help="slowdowns in %% (default 0,25,50,100; with --simulate 0,3,5,10)"
+    )
     selftest.add_argument("--trials", type=at_least(1), default=10, help="runs per level (default 10)")
     selftest.add_argument("--json", type=Path, metavar="PATH", help="also write the table as JSON to PATH")
     selftest.add_argument(
@@ -81,17 +82,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="test the interleaved A/B instead of the stored-baseline gate: the slowdown is planted in the "
         "candidate (pass --perf-env and --perf-repeats through)",
     )
-    selftest.add_argument("--simulate", action="store_true",
-                          help="compute the rates from measured variance components instead (seconds, nothing run)")  # fmt: skip
-    selftest.add_argument("--perf-profile", "--profile", dest="profile", action="append",
-                          help="--simulate: profiles, repeatable or comma-separated (default: all measured)")  # fmt: skip
-    selftest.add_argument("--baselines", type=Path, default=Path("baselines"),
-                          help="--simulate: baselines folder whose rows it sizes (default baselines)")  # fmt: skip
+    selftest.add_argument(
+        "--simulate",
+        action="store_true",
+        help="compute the rates from measured variance components instead (seconds, nothing run)",
+    )
+    selftest.add_argument(
+        "--perf-profile",
+        "--profile",
+        dest="profile",
+        action="append",
+        help="--simulate: profiles, repeatable or comma-separated (default: all measured)",
+    )
+    selftest.add_argument(
+        "--baselines",
+        type=Path,
+        default=Path("baselines"),
+        help="--simulate: baselines folder whose rows it sizes (default baselines)",
+    )
     selftest.add_argument(
         "--draws", type=at_least(100), default=100_000, help="--simulate: runs a level (default 100000)"
     )
-    selftest.add_argument("--max-pairs", "--pairs", dest="max_pairs", type=at_least(2),
-                          help="--simulate: the sequential A/B's most pairs (default: the A/B's, 8)")  # fmt: skip
+    selftest.add_argument(
+        "--max-pairs",
+        "--pairs",
+        dest="max_pairs",
+        type=at_least(2),
+        help="--simulate: the sequential A/B's most pairs (default: the A/B's, 8)",
+    )
     selftest.add_argument("--seed", type=int, default=0, help="--simulate: random seed (default 0)")
     doctor = commands.add_parser("doctor", help="check this machine: engines, scenarios that would run, smoke runs")
     doctor.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
@@ -116,18 +134,26 @@ def add_bootstrap_parser(commands: Any) -> None:
         "bootstrap", help="make this runner's profile ready to judge within a time budget (resumable)"
     )
     boot.add_argument("paths", nargs="*", default=["bench_tests"], help="test paths (default bench_tests)")
-    boot.add_argument("--budget", type=duration, default=480.0,
-                      help="wall-clock budget for everything, e.g. 8m, 90s (default 8m)")  # fmt: skip
-    boot.add_argument("--out", type=Path, default=Path("build/bootstrap"),
-                      help="state, logs, results and reports (default build/bootstrap)")  # fmt: skip
-    boot.add_argument("--baselines", type=Path, default=Path("baselines"),
-                      help="baselines folder to fill (default baselines)")  # fmt: skip
+    boot.add_argument(
+        "--budget", type=duration, default=480.0, help="wall-clock budget for everything, e.g. 8m, 90s (default 8m)"
+    )
+    boot.add_argument(
+        "--out",
+        type=Path,
+        default=Path("build/bootstrap"),
+        help="state, logs, results and reports (default build/bootstrap)",
+    )
+    boot.add_argument(
+        "--baselines", type=Path, default=Path("baselines"), help="baselines folder to fill (default baselines)"
+    )
     boot.add_argument("--perf-profile", dest="profile", help="profile (default: detected from this machine)")
     boot.add_argument("-k", dest="keyword", help="pytest -k expression limiting the scenarios")
-    boot.add_argument("--repeats", type=at_least(2), default=3,
-                      help="fresh launches per spread measurement (default 3)")  # fmt: skip
-    boot.add_argument("--levels", type=levels, default=(0.0, 3.0, 5.0, 10.0),
-                      help="selftest slowdowns in %% (default 0,3,5,10)")  # fmt: skip
+    boot.add_argument(
+        "--repeats", type=at_least(2), default=3, help="fresh launches per spread measurement (default 3)"
+    )
+    boot.add_argument(
+        "--levels", type=levels, default=(0.0, 3.0, 5.0, 10.0), help="selftest slowdowns in %% (default 0,3,5,10)"
+    )
     boot.add_argument("--trials", type=at_least(1), default=2, help="selftest trials per level (default 2)")
     boot.add_argument("--redo", action="store_true", help="start over: ignore earlier state and baselines")
     boot.add_argument("--dry-run", action="store_true", help="print the plan and estimates; launch nothing")
@@ -138,8 +164,18 @@ def bootstrap(ns: argparse.Namespace, extra: list[str]) -> int:
     from perfsuite.commands.bootstrap.run import Options, run
 
     settings = Settings(repeats=ns.repeats, levels=ns.levels, trials=ns.trials)
-    options = Options(ns.budget, ns.out.resolve(), ns.baselines.resolve(), tuple(ns.paths), ns.keyword, ns.profile,
-                      settings, ns.redo, ns.dry_run, tuple(extra))  # fmt: skip
+    options = Options(
+        ns.budget,
+        ns.out.resolve(),
+        ns.baselines.resolve(),
+        tuple(ns.paths),
+        ns.keyword,
+        ns.profile,
+        settings,
+        ns.redo,
+        ns.dry_run,
+        tuple(extra),
+    )
     return run(options)
 
 
@@ -166,11 +202,27 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
             spreads: list[float] = []
             pairs: list[int] = []
             for _ in range(ns.trials):
-                plant = [f"--perf-ab={ns.ab}", f"--perf-ab-inject-slowdown={level}"] if ns.ab else [
-                    f"--perf-inject-slowdown={level}"]  # fmt: skip
+                plant = (
+                    [f"--perf-ab={ns.ab}", f"--perf-ab-inject-slowdown={level}"]
+                    if ns.ab
+                    else [f"--perf-inject-slowdown={level}"]
+                )
                 # No op profile of each caught regression: the trial asks whether it failed, not why.
-                cmd = [sys.executable, "-m", "pytest", *ns.paths, "-k", ns.keyword, "-q", "-p", "no:cacheprovider",
-                       *plant, "--perf-op-profiles=off", f"--perf-json={out}", *extra]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    *ns.paths,
+                    "-k",
+                    ns.keyword,
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    *plant,
+                    "--perf-op-profiles=off",
+                    f"--perf-json={out}",
+                    *extra,
+                ]
                 code = subprocess.run(cmd, capture_output=True, check=False).returncode
                 if ns.ab:
                     found = ab_trials(out, cmd, code)
@@ -185,9 +237,19 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
                 caught += "regression" in verdicts
                 unreliable += "unreliable" in verdicts
                 undecided += "undecided" in verdicts
-            rows.append({"level": level, "throughput_change": -level / (100 + level), "trials": ns.trials,
-                         "failed": caught, "unreliable": unreliable, "undecided": undecided,
-                         "measured_changes": changes, "step_cvs": spreads, "pairs": pairs})  # fmt: skip
+            rows.append(
+                {
+                    "level": level,
+                    "throughput_change": -level / (100 + level),
+                    "trials": ns.trials,
+                    "failed": caught,
+                    "unreliable": unreliable,
+                    "undecided": undecided,
+                    "measured_changes": changes,
+                    "step_cvs": spreads,
+                    "pairs": pairs,
+                }
+            )
             note = f", unreliable {unreliable}" if unreliable else ""
             note += f", undecided {undecided}" if ns.ab else ""
             note += f", pairs mean {sum(pairs) / len(pairs):.1f} (most {max(pairs)})" if pairs else ""

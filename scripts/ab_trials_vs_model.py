@@ -69,10 +69,12 @@ def main() -> None:
     spreads = sorted(statistics.stdev(x) for x in losses if len(x) > 2)
     typical = statistics.median(spreads)
     modelled_pair = math.sqrt(2) * row.launch_mean_cv
-    print(f"{ns.scenario}: {sum(len(x) for x in losses)} pairs in {len(losses)} trials; a pair's loss spread "
-          f"{measured:.2%} measured, {modelled_pair:.2%} modelled (launch CV {row.launch_cv:.2%}, step CV "
-          f"{row.step_cv:.1%} over {row.steps} steps); per trial (3+ pairs) {spreads[0]:.1%} to {spreads[-1]:.1%}, "
-          f"median {typical:.2%}")  # fmt: skip
+    print(
+        f"{ns.scenario}: {sum(len(x) for x in losses)} pairs in {len(losses)} trials; a pair's loss spread "
+        f"{measured:.2%} measured, {modelled_pair:.2%} modelled (launch CV {row.launch_cv:.2%}, step CV "
+        f"{row.step_cv:.1%} over {row.steps} steps); per trial (3+ pairs) {spreads[0]:.1%} to {spreads[-1]:.1%}, "
+        f"median {typical:.2%}"
+    )
 
     def with_spread(pair_sd: float) -> model.Row:
         launch = math.sqrt(max(0.0, pair_sd**2 / 2 - row.step_cv**2 / row.steps))
@@ -82,18 +84,25 @@ def main() -> None:
         verdicts = [r["verdict"] for r in results]
         pairs = [r["pairs"] for r in results]
         n, caught, undecided = len(results), verdicts.count("regression"), verdicts.count("undecided")
-        print(f"level {level:g}%: regression {caught}/{n}, pass {verdicts.count('pass')}, undecided {undecided}, "
-              f"other {n - caught - undecided - verdicts.count('pass')}; pairs mean {statistics.fmean(pairs):.2f} "
-              f"(most {max(pairs)}); slowdown read {statistics.median(r['headline']['slowdown'] for r in results):+.1%} median")  # fmt: skip
-        variants = (("the row's committed spread", row), ("the trials' median spread", with_spread(typical)),
-                    ("the trials' pooled spread", with_spread(measured)))  # fmt: skip
+        print(
+            f"level {level:g}%: regression {caught}/{n}, pass {verdicts.count('pass')}, undecided {undecided}, "
+            f"other {n - caught - undecided - verdicts.count('pass')}; pairs mean {statistics.fmean(pairs):.2f} "
+            f"(most {max(pairs)}); slowdown read {statistics.median(r['headline']['slowdown'] for r in results):+.1%} median"
+        )
+        variants = (
+            ("the row's committed spread", row),
+            ("the trials' median spread", with_spread(typical)),
+            ("the trials' pooled spread", with_spread(measured)),
+        )
         for label, which in variants:
             code, spent = modelled(which, design, level)
             p_reg = float(np.mean(code == DECISIONS.index("regression")))
             p_und = float(np.mean(code == DECISIONS.index("undecided")))
-            print(f"  model, {label}: regression {p_reg:.1%}, undecided {p_und:.2%}, pairs mean {spent.mean():.2f}; "
-                  f"P(as far as {caught}/{n} regressions) = {tail(caught, n, p_reg):.3g}, "
-                  f"P(as far as {undecided}/{n} undecided) = {tail(undecided, n, p_und):.3g}")  # fmt: skip
+            print(
+                f"  model, {label}: regression {p_reg:.1%}, undecided {p_und:.2%}, pairs mean {spent.mean():.2f}; "
+                f"P(as far as {caught}/{n} regressions) = {tail(caught, n, p_reg):.3g}, "
+                f"P(as far as {undecided}/{n} undecided) = {tail(undecided, n, p_und):.3g}"
+            )
 
 
 if __name__ == "__main__":

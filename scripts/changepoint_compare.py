@@ -391,7 +391,10 @@ def dependencies(cache: Path) -> str:
         lines += [f"- Requires-Dist ({len(runtime)}): " + ", ".join(f"`{r}`" for r in runtime)]
         # An sdist cannot be resolved for another platform: resolve what it requires.
         wants = [requirement] if filename.endswith(".whl") else [r.replace(" (", "").replace(")", "") for r in runtime]
-        lines += ["", f"| target | resolves alone | packages | wheels MiB | MiB the GPU image lacks | with the GPU image's pins | with this venv's {', '.join(here)} |"]  # fmt: skip
+        lines += [
+            "",
+            f"| target | resolves alone | packages | wheels MiB | MiB the GPU image lacks | with the GPU image's pins | with this venv's {', '.join(here)} |",
+        ]
         lines += ["|---|---|---|---|---|---|---|"]
         for python in TARGETS:
             if not requires_python.contains(f"{python}.0"):

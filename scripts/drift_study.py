@@ -92,11 +92,15 @@ def main() -> None:
         runs = ", ".join(f"{v:.3g}" for v in row["raw"])
         print(f"| {sid} | {runs} | {cells[0]:.0%} | {cells[1]:.0%} | {cells[2]:.0%} |")
     medians = {k: statistics.median(v) for k, v in totals.items() if v}
-    print(f"\n{len(rows)} scenarios, {len(documents)} runs; median spread: raw {medians.get('raw', 0):.0%}, "
-          f"/ ceiling {medians.get('ceiling', 0):.0%}, / vector_mul {medians.get('vector', 0):.0%}")  # fmt: skip
+    print(
+        f"\n{len(rows)} scenarios, {len(documents)} runs; median spread: raw {medians.get('raw', 0):.0%}, "
+        f"/ ceiling {medians.get('ceiling', 0):.0%}, / vector_mul {medians.get('vector', 0):.0%}"
+    )
     for doc, path in zip(documents, args.results, strict=True):
-        print(f"{path.name}: ceilings {json.dumps({k: round(v['tflops'], 4) for k, v in (doc.get('ceilings') or {}).items()})},"
-              f" vector_mul {vector(doc)}")  # fmt: skip
+        print(
+            f"{path.name}: ceilings {json.dumps({k: round(v['tflops'], 4) for k, v in (doc.get('ceilings') or {}).items()})},"
+            f" vector_mul {vector(doc)}"
+        )
 
 
 if __name__ == "__main__":

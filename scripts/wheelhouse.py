@@ -196,8 +196,23 @@ def resolve(
     with tempfile.TemporaryDirectory() as tmp:
         report, constraints = Path(tmp) / "report.json", Path(tmp) / "constraints.txt"
         constraints.write_text("".join(f"{pin}\n" for pin in pins))
-        pip("install", "-q", "--dry-run", "--ignore-installed", "--report", str(report), "--target", tmp,
-            "--find-links", str(wheelhouse), "-c", str(constraints), *flags, *requirements, environment=env)  # fmt: skip
+        pip(
+            "install",
+            "-q",
+            "--dry-run",
+            "--ignore-installed",
+            "--report",
+            str(report),
+            "--target",
+            tmp,
+            "--find-links",
+            str(wheelhouse),
+            "-c",
+            str(constraints),
+            *flags,
+            *requirements,
+            environment=env,
+        )
         install: list[Item] = json.loads(report.read_text())["install"]
     return install
 

@@ -79,15 +79,29 @@ def test_launches_alternate_which_side_goes_first_and_stop_once_decided() -> Non
 
 def test_the_same_speed_passes_and_noise_without_pairs_left_is_undecided() -> None:
     same = iter([100.0, 100.5, 99.8, 100.1, 100.3, 99.9] * 3)
-    result = run_ab("g.s", ["samples_per_s"], lambda env: OneLaunch("ok", {"samples_per_s": next(same)}), "a", "b",
-                    DESIGN, {"samples_per_s": 0.0})  # fmt: skip
+    result = run_ab(
+        "g.s",
+        ["samples_per_s"],
+        lambda env: OneLaunch("ok", {"samples_per_s": next(same)}),
+        "a",
+        "b",
+        DESIGN,
+        {"samples_per_s": 0.0},
+    )
     assert result.verdict == "pass" and result.headline is not None
     assert result.headline.state.high < 0.05  # the interval excludes the minimum effect
 
     # In call order (AB, BA, AB, ...): the candidate 10% slower, then 10% faster, and so on.
     noisy = iter([100.0, 90.0, 110.0, 100.0] * 3)
-    undecided = run_ab("g.s", ["samples_per_s"], lambda env: OneLaunch("ok", {"samples_per_s": next(noisy)}), "a",
-                       "b", DESIGN, {"samples_per_s": 0.0})  # fmt: skip
+    undecided = run_ab(
+        "g.s",
+        ["samples_per_s"],
+        lambda env: OneLaunch("ok", {"samples_per_s": next(noisy)}),
+        "a",
+        "b",
+        DESIGN,
+        {"samples_per_s": 0.0},
+    )
     assert undecided.verdict == "undecided" and undecided.pairs == 6, undecided.message
     assert not undecided.judged and "undecided after 6 pair(s)" in undecided.message
 
@@ -95,8 +109,17 @@ def test_the_same_speed_passes_and_noise_without_pairs_left_is_undecided() -> No
 def test_a_time_budget_ends_the_ab_undecided() -> None:
     clock = iter(range(0, 1000, 10))
     noisy = iter([100.0, 90.0, 110.0, 100.0] * 3)
-    result = run_ab("g.s", ["samples_per_s"], lambda env: OneLaunch("ok", {"samples_per_s": next(noisy)}), "a", "b",
-                    DESIGN, {"samples_per_s": 0.0}, budget_s=15, clock=lambda: float(next(clock)))  # fmt: skip
+    result = run_ab(
+        "g.s",
+        ["samples_per_s"],
+        lambda env: OneLaunch("ok", {"samples_per_s": next(noisy)}),
+        "a",
+        "b",
+        DESIGN,
+        {"samples_per_s": 0.0},
+        budget_s=15,
+        clock=lambda: float(next(clock)),
+    )
     assert result.verdict == "undecided" and result.pairs == 2
 
 
@@ -107,8 +130,15 @@ def test_memory_is_judged_on_the_pairs_measured() -> None:
         speed, memory = next(values)
         return OneLaunch("ok", {"samples_per_s": speed, "peak_mem_mib": memory})
 
-    result = run_ab("g.s", ["samples_per_s", "peak_mem_mib"], run_once, "a", "b", DESIGN,
-                    {"samples_per_s": 0.0, "peak_mem_mib": 0.15})  # fmt: skip
+    result = run_ab(
+        "g.s",
+        ["samples_per_s", "peak_mem_mib"],
+        run_once,
+        "a",
+        "b",
+        DESIGN,
+        {"samples_per_s": 0.0, "peak_mem_mib": 0.15},
+    )
     assert result.headline is not None and result.headline.state.decision == "pass"
     assert result.verdict == "regression" and "peak_mem_mib: +60.0%" in result.message
     assert [c.metric for c in result.comparisons] == ["peak_mem_mib"]
@@ -170,9 +200,15 @@ def test_ab_of_the_same_interpreter_passes(project: pytest.Pytester) -> None:
     project.makepyfile(test_bench=MODULE)
     out = project.path / "r.json"
     result = project.runpytest_subprocess(
-        CPU_PROFILE, TWIN, "-k", "here", "--perf-ab=current,twin", "--perf-min-effect=1.0", "--perf-ab-max-pairs=4",
+        CPU_PROFILE,
+        TWIN,
+        "-k",
+        "here",
+        "--perf-ab=current,twin",
+        "--perf-min-effect=1.0",
+        "--perf-ab-max-pairs=4",
         f"--perf-json={out}",
-    )  # fmt: skip
+    )
     (ab,) = json.loads(out.read_text())["ab"]
     # What the gate gates on cpu, from the registry: a newly gated metric is A/B'd too.
     gated = {name for name in Scenario.metrics if registry.get(name).tolerances.get("cpu") is not None}
@@ -198,9 +234,15 @@ def test_ab_catches_a_planted_slowdown_in_the_candidate(project: pytest.Pytester
     project.makepyfile(test_bench=MODULE)
     out = project.path / "r.json"
     result = project.runpytest_subprocess(
-        CPU_PROFILE, TWIN, "-k", "here", "--perf-ab=current,twin", "--perf-min-effect=0.5",
-        "--perf-ab-inject-slowdown=400", f"--perf-json={out}",
-    )  # fmt: skip
+        CPU_PROFILE,
+        TWIN,
+        "-k",
+        "here",
+        "--perf-ab=current,twin",
+        "--perf-min-effect=0.5",
+        "--perf-ab-inject-slowdown=400",
+        f"--perf-json={out}",
+    )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         ["*g.here: A/B regression: twin vs current: samples_per_s: slowdown +*", "*perfsuite A/B*"]

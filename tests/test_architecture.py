@@ -228,6 +228,10 @@ def test_what_users_copy_imports_only_from_perfsuite_itself() -> None:
     root = PACKAGE.parent
     copied = [*root.glob("examples/**/*.py"), *PACKAGE.glob("commands/init/templates/*.tmpl"), root / "README.md"]
     copied += [p for p in root.glob("docs/**/*.md") if "lab" not in p.parts and "gpu-runs" not in p.parts]
-    deep = [f"{p.relative_to(root)}: {line.strip()}" for p in copied for line in p.read_text().splitlines()
-            if re.search(r"^\s*(from perfsuite\.\w|import perfsuite\.\w)", line)]  # fmt: skip
+    deep = [
+        f"{p.relative_to(root)}: {line.strip()}"
+        for p in copied
+        for line in p.read_text().splitlines()
+        if re.search(r"^\s*(from perfsuite\.\w|import perfsuite\.\w)", line)
+    ]
     assert deep == []

@@ -131,9 +131,11 @@ def fake_ab(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, Path]]:
 
 
 def test_the_command_finds_the_first_bad_commit_in_worktrees_it_removes(
-    tmp_path: Path, fake_ab: list[tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    fake_ab: list[tuple[Path, Path]],
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     repo = tmp_path / "repo"
     commits = history(repo, 16, slow_at=11)
     (repo / "pytest.ini").write_text("[pytest]\n# the user's uncommitted edit\n")
@@ -147,7 +149,11 @@ def test_the_command_finds_the_first_bad_commit_in_worktrees_it_removes(
     assert len(fake_ab) <= 5 and len({base for base, _ in fake_ab}) == 1  # GOOD's one tree, every step
     doc = json.loads(out.read_text())
     assert (doc["good"], doc["bad"], doc["first_bad"], doc["subject"]) == (
-        commits[0], commits[16], commits[12], "change 11 (slower)")  # fmt: skip
+        commits[0],
+        commits[16],
+        commits[12],
+        "change 11 (slower)",
+    )
     assert doc["outcome"] == "found" and doc["steps"][0]["commit"] == commits[16]
     assert {s["verdict"] for s in doc["steps"]} == {"regression", "pass"}
     assert worktrees(repo) == 1 and not any(base.exists() for base, _ in fake_ab)
@@ -155,9 +161,11 @@ def test_the_command_finds_the_first_bad_commit_in_worktrees_it_removes(
 
 
 def test_no_slowdown_exits_0_and_an_undecided_step_exits_3_with_the_range_left(
-    tmp_path: Path, fake_ab: list[tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    fake_ab: list[tuple[Path, Path]],
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     repo = tmp_path / "repo"
     history(repo, 4)
     monkeypatch.chdir(repo)
@@ -168,8 +176,13 @@ def test_no_slowdown_exits_0_and_an_undecided_step_exits_3_with_the_range_left(
     repo = tmp_path / "undecided"
     commits = history(repo, 8, slow_at=5)
     monkeypatch.chdir(repo)
-    monkeypatch.setattr(bisectcmd, "ab_trees", lambda base, candidate, *rest, **kw: [
-        row("regression", 0.25) if (candidate / "slow").exists() else row("undecided", 0.04, 8)])  # fmt: skip
+    monkeypatch.setattr(
+        bisectcmd,
+        "ab_trees",
+        lambda base, candidate, *rest, **kw: [
+            row("regression", 0.25) if (candidate / "slow").exists() else row("undecided", 0.04, 8)
+        ],
+    )
     out = tmp_path / "u.json"
     assert main(["bisect", commits[0], commits[8], "--json", str(out)]) == 3
     err = capsys.readouterr().err
@@ -243,8 +256,15 @@ def test_ctrl_c_leaves_no_worktree_and_no_scratch(tmp_path: Path) -> None:
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     command = [sys.executable, "-m", "perfsuite", "bisect", "HEAD~2", "HEAD"]
-    process = subprocess.Popen(command, cwd=repo, env={**os.environ, "TMPDIR": str(scratch)}, start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=repo,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while worktrees(repo) < 3 and time.monotonic() < deadline:  # GOOD's and BAD's trees, then the first pytest
         time.sleep(0.2)

@@ -68,9 +68,18 @@ def test_the_plan_orders_steps_by_information_per_second() -> None:
     fixed = {"doctor": 1.0, "report": 2.0, "pytest": 3.0}
     plan = make_plan(ts, {"x.y": "needs 8 GPUs"}, launch, fixed, Done(), Settings(repeats=3, levels=(0, 5), trials=2))
     assert [s.key for s in plan.steps] == [
-        "doctor", "ceilings", "baseline:m.layer", "baseline:t.amp", "cv:m.layer", "selftest:m.layer", "cv:t.amp",
-        "baseline:t.fp32", "cv:m.best", "cv:t.fp32", "report",
-    ]  # fmt: skip
+        "doctor",
+        "ceilings",
+        "baseline:m.layer",
+        "baseline:t.amp",
+        "cv:m.layer",
+        "selftest:m.layer",
+        "cv:t.amp",
+        "baseline:t.fp32",
+        "cv:m.best",
+        "cv:t.fp32",
+        "report",
+    ]
     by_key = {s.key: s for s in plan.steps}
     assert by_key["cv:t.amp"].estimate_s == 3 + 3 * 20  # one pytest start, three launches
     assert by_key["selftest:m.layer"].launches == 6  # 2 levels x 2 trials, +50% for confirmation reruns
@@ -112,8 +121,9 @@ def test_state_survives_a_reload_and_refuses_another_profiles(tmp_path: Path) ->
 
 
 def test_a_steps_status_comes_from_each_scenarios_verdict(tmp_path: Path) -> None:
-    step = make_plan([target("a.1", "a")], {}, {"a.1": 1.0}, {"doctor": 1, "report": 1, "pytest": 1}, Done(),
-                     Settings()).steps[1]  # fmt: skip
+    step = make_plan(
+        [target("a.1", "a")], {}, {"a.1": 1.0}, {"doctor": 1, "report": 1, "pytest": 1}, Done(), Settings()
+    ).steps[1]
     log = tmp_path / "log"
     log.write_text("Traceback ... ProtocolError: rank0.json")
     result = {"id": "a.1", "message": "why"}
@@ -141,10 +151,25 @@ def test_a_step_at_the_budgets_end_is_stopped_with_its_whole_process_group(tmp_p
 def dry_run(gpus: int, tmp_path: Path, *args: str) -> str:
     env = {**os.environ, "PYTHONPATH": f"{FAKE_NVML}{os.pathsep}{ROOT}", "FAKE_NVML_GPUS": ";".join([H100] * gpus)}
     done = subprocess.run(
-        [sys.executable, "-m", "perfsuite", "bootstrap", "--dry-run", "--budget", "8m",
-         "--baselines", str(tmp_path / "none"), *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "perfsuite",
+            "bootstrap",
+            "--dry-run",
+            "--budget",
+            "8m",
+            "--baselines",
+            str(tmp_path / "none"),
+            *args,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -160,15 +185,21 @@ def first_round(plan: str) -> list[str]:
     return groups[: len(set(groups))]
 
 
-def test_a_step_that_does_not_fit_waits_and_later_ones_that_fit_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_step_that_does_not_fit_waits_and_later_ones_that_fit_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # The H100 run's two losses: a step started whose estimate barely fitted (and
     # was stopped at the end), and 45 s left unused while smaller steps waited.
     now = [0.0]
     ts = {n: target(f"m.{n}", "m", "microbench") for n in ("tight", "big", "small", "last")}
-    steps = (Step("doctor", "doctor", estimate_s=5), Step("baseline:m.tight", "baseline", (ts["tight"],), 1, 40),
-             Step("baseline:m.big", "baseline", (ts["big"],), 1, 30), Step("baseline:m.small", "baseline", (ts["small"],), 1, 10),
-             Step("baseline:m.last", "baseline", (ts["last"],), 1, 10), Step("report", "report", estimate_s=2))  # fmt: skip
+    steps = (
+        Step("doctor", "doctor", estimate_s=5),
+        Step("baseline:m.tight", "baseline", (ts["tight"],), 1, 40),
+        Step("baseline:m.big", "baseline", (ts["big"],), 1, 30),
+        Step("baseline:m.small", "baseline", (ts["small"],), 1, 10),
+        Step("baseline:m.last", "baseline", (ts["last"],), 1, 10),
+        Step("report", "report", estimate_s=2),
+    )
     plan = Plan(steps, tuple(ts.values()))
     ran: list[str] = []
 
@@ -181,8 +212,17 @@ def test_a_step_that_does_not_fit_waits_and_later_ones_that_fit_run(tmp_path: Pa
     budget = Budget(2 + 5 + 45, clock=lambda: now[0])  # tight needs 48 with the margin; 45 are left
     state = State(tmp_path / "state.json", "cpu")
     costs = Costs("cpu")
-    waited = run_module.loop(plan, state, None, budget, costs, tmp_path / "costs.json", {}, None,  # type: ignore[arg-type]
-                             run_module.Stores(tmp_path / "baselines", "cpu"))  # fmt: skip
+    waited = run_module.loop(
+        plan,
+        state,
+        None,
+        budget,
+        costs,
+        tmp_path / "costs.json",
+        {},
+        None,  # type: ignore[arg-type]
+        run_module.Stores(tmp_path / "baselines", "cpu"),
+    )
     assert waited is True
     assert ran == ["doctor", "baseline:m.big", "baseline:m.small"]
     out = capsys.readouterr().out
@@ -268,8 +308,21 @@ def test_the_plan_for_eight_h100s_runs_the_seed_world_sizes(tmp_path: Path) -> N
 
 
 def bootstrap(tmp_path: Path, *args: str, keyword: str = CHEAP) -> list[str]:
-    return [sys.executable, "-m", "perfsuite", "bootstrap", "--perf-profile", "cpu", "-k", keyword,
-            "--out", str(tmp_path / "out"), "--baselines", str(tmp_path / "baselines"), *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "perfsuite",
+        "bootstrap",
+        "--perf-profile",
+        "cpu",
+        "-k",
+        keyword,
+        "--out",
+        str(tmp_path / "out"),
+        "--baselines",
+        str(tmp_path / "baselines"),
+        *args,
+    ]
 
 
 def finished_steps(tmp_path: Path) -> list[str]:
@@ -300,8 +353,14 @@ def test_a_cpu_bootstrap_killed_halfway_resumes_and_completes(tmp_path: Path) ->
     assert {"doctor", "ceilings"} <= set(done_before), first.stdout.read() if first.stdout else ""
 
     start = time.monotonic()
-    second = subprocess.run(bootstrap(tmp_path, "--budget", "5m", "--levels", "50", "--trials", "1", "--repeats", "2",
-                                      keyword=COPY), cwd=ROOT, capture_output=True, text=True, timeout=360, check=False)  # fmt: skip
+    second = subprocess.run(
+        bootstrap(tmp_path, "--budget", "5m", "--levels", "50", "--trials", "1", "--repeats", "2", keyword=COPY),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=360,
+        check=False,
+    )
     out = second.stdout
     assert second.returncode == 0, out + second.stderr[-3000:]
     assert all(f"{key}: done in an earlier run" in out for key in done_before)
@@ -331,8 +390,9 @@ def test_a_budget_too_small_for_everything_exits_3_naming_what_is_missing(tmp_pa
     costs.launch_s = {f"microbench.{n}": 1.0 for n in ("vector_mul", "device_copy")}
     costs.save(tmp_path / "baselines" / "cpu" / "bootstrap-costs.json")
     start = time.monotonic()
-    done = subprocess.run(bootstrap(tmp_path, "--budget", "20s"), cwd=ROOT, capture_output=True, text=True,
-                          timeout=180, check=False)  # fmt: skip
+    done = subprocess.run(
+        bootstrap(tmp_path, "--budget", "20s"), cwd=ROOT, capture_output=True, text=True, timeout=180, check=False
+    )
     wall = time.monotonic() - start
     last = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 3, done.stdout + done.stderr[-3000:]

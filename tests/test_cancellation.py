@@ -21,8 +21,17 @@ BASELINE = {"schema_version": 1, "profile": "cpu", "group": "long", "scenarios":
 
 def start(project: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
     project.makepyfile(test_bench=bench_module(f"    {LONG},"))
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", CPU_PROFILE, "--perf-timeout=300",
-           f"--basetemp={project.path / 'tmp'}", *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        CPU_PROFILE,
+        "--perf-timeout=300",
+        f"--basetemp={project.path / 'tmp'}",
+        *args,
+    ]
     return subprocess.Popen(
         cmd, cwd=project.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=default_sigint
     )

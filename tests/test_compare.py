@@ -147,10 +147,34 @@ def test_compare_a_file_with_itself_shows_every_row_unchanged(
     code, lines, err = compare(capsys, H100, doctored(tmp_path))
     assert code == 0 and not err
     assert lines[1] == "same profile and machine"
-    assert lines[2].split() == ["scenario", "headline", "OLD", "NEW", "change", "95%", "interval", "peak",
-                                "MiB", "peak", "change", "note"]  # fmt: skip
-    assert line_of(lines, ROW) == [ROW, "samples_per_s", "407", "407", "+0.0%", "-0.7%", "..", "+0.7%",
-                                   "7507", "->", "7507", "+0.0%"]  # fmt: skip
+    assert lines[2].split() == [
+        "scenario",
+        "headline",
+        "OLD",
+        "NEW",
+        "change",
+        "95%",
+        "interval",
+        "peak",
+        "MiB",
+        "peak",
+        "change",
+        "note",
+    ]
+    assert line_of(lines, ROW) == [
+        ROW,
+        "samples_per_s",
+        "407",
+        "407",
+        "+0.0%",
+        "-0.7%",
+        "..",
+        "+0.7%",
+        "7507",
+        "->",
+        "7507",
+        "+0.0%",
+    ]
     assert lines[-1] == "12 scenario(s): 12 compared"
 
 
@@ -217,8 +241,15 @@ def test_machines_and_profiles_that_differ_are_named(tmp_path: Path, capsys: pyt
         document["profile"] = "nvidia-h100-nightly"
         machine = document["machine"]
         machine["gpus"][0].update(uuid="GPU-5f3c", power_limit_w=500)
-        machine["processor"] = {"vendor": "AuthenticAMD", "model": "AMD EPYC 9654", "family": 25,
-                                "model_number": 17, "stepping": 1, "cores": 16, "features": ["avx512f"]}  # fmt: skip
+        machine["processor"] = {
+            "vendor": "AuthenticAMD",
+            "model": "AMD EPYC 9654",
+            "family": 25,
+            "model_number": 17,
+            "stepping": 1,
+            "cores": 16,
+            "features": ["avx512f"],
+        }
         machine["packages"]["torch"] = "2.12.0"
 
     code, lines, _ = compare(capsys, doctored(tmp_path, capped, "old"), doctored(tmp_path, elsewhere))
@@ -236,8 +267,10 @@ def test_machines_and_profiles_that_differ_are_named(tmp_path: Path, capsys: pyt
 def test_two_committed_runs_on_two_cards(capsys: pytest.CaptureFixture[str]) -> None:
     code, lines, _ = compare(capsys, H100, H200, "--fail-on", "5")
     assert code == 0  # the H200 is at most 2.8% slower on any row
-    assert lines[2:4] == ["  profile: nvidia-h100-80gb-hbm3-x1 -> nvidia-h200-x1",
-                          "  GPUs: GPU 0 NVIDIA H100 80GB HBM3 -> GPU 0 NVIDIA H200"]  # fmt: skip
+    assert lines[2:4] == [
+        "  profile: nvidia-h100-80gb-hbm3-x1 -> nvidia-h200-x1",
+        "  GPUs: GPU 0 NVIDIA H100 80GB HBM3 -> GPU 0 NVIDIA H200",
+    ]
     assert line_of(lines, "microbench.bert_layer_fwd")[-3:] == ["only", "in", "OLD"]
     assert line_of(lines, "microbench.device_copy")[2:8] == ["2993", "4216", "+40.9%", "+40.8%", "..", "+41.0%"]
     assert compare(capsys, H100, H200, "--fail-on", "2")[0] == 1  # matmul_best_fp16: -2.8%

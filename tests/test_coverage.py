@@ -25,13 +25,22 @@ TODAY = date(2026, 11, 26)
 
 
 def test_the_line_counts_judged_unjudged_quarantined_and_not_for_this_machine() -> None:
-    found = coverage_of([
-        Outcome("a.pass", "pass"), Outcome("a.reg", "regression"), Outcome("a.rec", "recorded"),
-        Outcome("b.busy", "unreliable", "measured under contention (other processes kept 0.98 of vm's 2 CPU cores busy "
-                "(limit 0.25)), so not judged a regression"),
-        Outcome("b.new", "no_baseline"), Outcome("c.big", "skipped", "needs 4 GPUs, 1 node(s) here have 1"),
-        Outcome("d.flaky", "regression", quarantined=True),
-    ])  # fmt: skip
+    found = coverage_of(
+        [
+            Outcome("a.pass", "pass"),
+            Outcome("a.reg", "regression"),
+            Outcome("a.rec", "recorded"),
+            Outcome(
+                "b.busy",
+                "unreliable",
+                "measured under contention (other processes kept 0.98 of vm's 2 CPU cores busy "
+                "(limit 0.25)), so not judged a regression",
+            ),
+            Outcome("b.new", "no_baseline"),
+            Outcome("c.big", "skipped", "needs 4 GPUs, 1 node(s) here have 1"),
+            Outcome("d.flaky", "regression", quarantined=True),
+        ]
+    )
     assert found.line() == (
         "judged 3 of 7 selected scenario(s); not judged: 1 unreliable (other processes kept 0.98 of vm's 2 CPU cores "
         "busy (limit 0.25)), 1 no baseline; quarantined (run, not gating): 1; not for this machine: 1"
@@ -55,13 +64,18 @@ MEGATRON = MissingPackage("megatron.core", "megatron")
 
 
 def test_rows_whose_engine_is_not_installed_are_counted_apart_and_grouped_by_the_extra() -> None:
-    found = coverage_of([
-        Outcome("a.pass", "pass"), Outcome("c.big", "skipped", "needs 4 GPUs, 1 node(s) here have 1"),
-        Outcome("p.mcore1", "skipped", MEGATRON.describe(), missing=MEGATRON),
-        Outcome("p.zero", "skipped", "deepspeed is not installed", missing=MissingPackage("deepspeed", "deepspeed")),
-        Outcome("p.mcore2", "skipped", MEGATRON.describe(), missing=MEGATRON),
-        Outcome("p.own", "skipped", "their_engine is not installed", missing=MissingPackage("their_engine")),
-    ])  # fmt: skip
+    found = coverage_of(
+        [
+            Outcome("a.pass", "pass"),
+            Outcome("c.big", "skipped", "needs 4 GPUs, 1 node(s) here have 1"),
+            Outcome("p.mcore1", "skipped", MEGATRON.describe(), missing=MEGATRON),
+            Outcome(
+                "p.zero", "skipped", "deepspeed is not installed", missing=MissingPackage("deepspeed", "deepspeed")
+            ),
+            Outcome("p.mcore2", "skipped", MEGATRON.describe(), missing=MEGATRON),
+            Outcome("p.own", "skipped", "their_engine is not installed", missing=MissingPackage("their_engine")),
+        ]
+    )
     assert found.line() == "judged 1 of 6 selected scenario(s); not for this machine: 1; engine not installed: 4"
     assert found.ok, "a skip stays a skip: a runner need not install every engine"
     assert found.notes() == [
@@ -71,9 +85,10 @@ def test_rows_whose_engine_is_not_installed_are_counted_apart_and_grouped_by_the
     ]
     document = found.to_json()
     assert document["not_installed"][0] == {
-        "needs": "perfsuite[megatron]", "install": "pip install 'perfsuite[megatron]'",
+        "needs": "perfsuite[megatron]",
+        "install": "pip install 'perfsuite[megatron]'",
         "scenarios": ["p.mcore1", "p.mcore2"],
-    }  # fmt: skip
+    }
     assert set(document["skipped"]) == {"c.big", "p.mcore1", "p.zero", "p.mcore2", "p.own"}  # every skip, as before
 
 
@@ -103,15 +118,22 @@ def test_a_run_names_the_extra_that_would_judge_rows_skipped_for_a_missing_engin
     pytester.makepyfile(test_bench=BENCH)
     out = pytester.path / "r.json"
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-rs", CPU_PROFILE, "--perf-update-baselines", "--perf-op-profiles=off",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        CPU_PROFILE,
+        "--perf-update-baselines",
+        "--perf-op-profiles=off",
         f"--perf-json={out}",
-    )  # fmt: skip
+    )
     result.assert_outcomes(passed=1, skipped=2)
-    result.stdout.fnmatch_lines([
-        "*perfsuite coverage: judged 1 of 3 selected scenario(s); engine not installed: 2*",
-        f"not installed: 2 rows need perfsuite[megatron] ({INSTALL}): phantom.a, phantom.b",
-        "SKIPPED*phantom.a: perfsuite_phantom_engine.core is not installed; install it with: pip install*",
-    ])  # fmt: skip
+    result.stdout.fnmatch_lines(
+        [
+            "*perfsuite coverage: judged 1 of 3 selected scenario(s); engine not installed: 2*",
+            f"not installed: 2 rows need perfsuite[megatron] ({INSTALL}): phantom.a, phantom.b",
+            "SKIPPED*phantom.a: perfsuite_phantom_engine.core is not installed; install it with: pip install*",
+        ]
+    )
     reason = f"phantom.a: perfsuite_phantom_engine.core is not installed; install it with: {INSTALL}"
     assert any(line.endswith(reason) for line in result.outlines), "the skip keeps its precise reason"
     assert result.ret == pytest.ExitCode.OK, "skipped rows do not fail a run that judged something"

@@ -68,8 +68,13 @@ def run_cases(tmp_path: Path) -> dict[str, dict]:
     with data.open("wb") as f:  # written in 1 MiB chunks, as pip 26 writes a wheel's files
         for _ in range(SIZE_MIB):
             f.write(b"\x01" * MIB)
-    done = subprocess.run([sys.executable, "-c", PROGRAM, str(data), str(SIZE_MIB)], capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(data), str(SIZE_MIB)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

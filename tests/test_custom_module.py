@@ -86,8 +86,12 @@ def checked(spec: ModelSpec, team: Path) -> ModelSpec:
 def test_a_module_reference_is_checked_by_building_it_on_meta(team_package: Path) -> None:
     spec = checked(ModelSpec.module("teampkg.models:build", step="teampkg.models:twice", width=16), team_package)
     assert (spec.family, spec.source, spec.step, spec.config, spec.objective) == (
-        "module", "teampkg.models:build", "teampkg.models:twice", {"width": 16}, "custom",
-    )  # fmt: skip
+        "module",
+        "teampkg.models:build",
+        "teampkg.models:twice",
+        {"width": 16},
+        "custom",
+    )
 
 
 @pytest.mark.parametrize(
@@ -185,8 +189,9 @@ def test_a_rank_decodes_its_job_without_building_in_a_child_interpreter(team_pac
     from perfsuite import Scenario
     from perfsuite.core.protocol import RankJob
 
-    scenario = Scenario("team", "x", ModelSpec.module("teampkg.models:build"), world_size=2, micro_batch=2,
-                        global_batch=4, seq_len=16)  # fmt: skip
+    scenario = Scenario(
+        "team", "x", ModelSpec.module("teampkg.models:build"), world_size=2, micro_batch=2, global_batch=4, seq_len=16
+    )
     doc = RankJob(spec=scenario.rank_spec(), device="cpu", reports_dir=str(tmp_path)).to_json()
     doc["spec"]["model"]["source"] = "teampkg.gone:build"
     decoded = RankJob.from_json(doc)

@@ -18,8 +18,17 @@ from perfsuite.reports.summary import summary_lines
 SEED = ModelSpec("bert_pretraining", layers=12, hidden=768, heads=12, vocab=30522, max_positions=512)
 TINY = ModelSpec("bert_pretraining", layers=2, hidden=128, heads=2, vocab=8192, max_positions=128)
 CPU = dict(model=TINY, world_size=2, micro_batch=4, global_batch=8, seq_len=128, precision="bf16")
-AMP = Scenario("mp", "amp", SEED, precision="fp16", world_size=4, micro_batch=16, global_batch=64, seq_len=512,
-               variants={"cpu": CPU})  # fmt: skip
+AMP = Scenario(
+    "mp",
+    "amp",
+    SEED,
+    precision="fp16",
+    world_size=4,
+    micro_batch=16,
+    global_batch=64,
+    seq_len=512,
+    variants={"cpu": CPU},
+)
 
 
 def test_the_resolved_row_keeps_the_declared_values_its_variant_changed() -> None:
@@ -32,8 +41,16 @@ def test_the_resolved_row_keeps_the_declared_values_its_variant_changed() -> Non
     assert ran_otherwise(config) == "fp16 row ran bf16 on this profile"
     # Fitting to the hardware keeps the record; a field the variant sets to its own value is not one.
     assert cpu.at_world_size(1).declared == cpu.declared
-    same = Scenario("mp", "fp32", SEED, world_size=4, micro_batch=16, global_batch=64, seq_len=512,
-                    variants={"cpu": {**CPU, "precision": "fp32"}})  # fmt: skip
+    same = Scenario(
+        "mp",
+        "fp32",
+        SEED,
+        world_size=4,
+        micro_batch=16,
+        global_batch=64,
+        seq_len=512,
+        variants={"cpu": {**CPU, "precision": "fp32"}},
+    )
     fp32 = same.resolve(("cpu",))
     assert "precision" not in fp32.declared and ran_otherwise(fp32.to_config()) == ""
 
@@ -54,13 +71,16 @@ def test_the_trainer_sweeps_fp16_rows_say_they_ran_bf16_on_cpu() -> None:
     from bench_tests.test_trainer_sweep import SCENARIOS
 
     fp16 = [s for s in SCENARIOS if s.name.endswith("_fp16")]
-    assert fp16 and all(ran_otherwise(s.resolve(("cpu",)).to_config()) == "fp16 row ran bf16 on this profile"
-                        for s in fp16)  # fmt: skip
+    assert fp16 and all(
+        ran_otherwise(s.resolve(("cpu",)).to_config()) == "fp16 row ran bf16 on this profile" for s in fp16
+    )
 
 
 def test_the_terminal_summary_notes_the_row() -> None:
-    results = [ScenarioResult(AMP.resolve(("cpu",)), "ok", Judgement("pass", "")),
-               ScenarioResult(AMP.resolve(("cuda",)), "ok", Judgement("pass", ""))]  # fmt: skip
+    results = [
+        ScenarioResult(AMP.resolve(("cpu",)), "ok", Judgement("pass", "")),
+        ScenarioResult(AMP.resolve(("cuda",)), "ok", Judgement("pass", "")),
+    ]
     lines = summary_lines(results)
     assert lines[-1] == "note: mp.amp: fp16 row ran bf16 on this profile"
     assert sum(line.startswith("note:") for line in lines) == 1

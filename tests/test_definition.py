@@ -26,8 +26,10 @@ def test_a_key_added_to_a_models_config_or_an_engines_options_is_a_change() -> N
     # Those keys are the user's: one more override (llama's num_key_value_heads) or engine option
     # changes the work, where a field only one side has elsewhere comes from a perfsuite version.
     old = {"model": {"family": "hf", "config": {"rope_theta": 1e4}}, "strategy_options": {"stage": 2}}
-    new = {"model": {"family": "hf", "config": {"rope_theta": 1e4, "num_key_value_heads": 1}},
-           "strategy_options": {"stage": 2, "offload_optimizer": True}}  # fmt: skip
+    new = {
+        "model": {"family": "hf", "config": {"rope_theta": 1e4, "num_key_value_heads": 1}},
+        "strategy_options": {"stage": 2, "offload_optimizer": True},
+    }
     assert definition.changes(old, new) == [
         "model.config.num_key_value_heads (unset) -> 1",
         "strategy_options.offload_optimizer (unset) -> True",

@@ -43,8 +43,14 @@ DOCUMENTED_ZERO3: dict[str, Any] = {
 
 
 def zero(config: dict[str, Any], **fields: Any) -> Scenario:
-    return Scenario("ds", "team", GPT, strategy="deepspeed_zero", strategy_options={"config": config},
-                    **{**SHAPE, "precision": "bf16", **fields})  # fmt: skip
+    return Scenario(
+        "ds",
+        "team",
+        GPT,
+        strategy="deepspeed_zero",
+        strategy_options={"config": config},
+        **{**SHAPE, "precision": "bf16", **fields},
+    )
 
 
 def test_a_documented_deepspeed_config_is_accepted_and_gives_the_stage() -> None:
@@ -97,8 +103,15 @@ def test_a_config_that_enables_another_precision_is_refused() -> None:
 
 def test_a_stage_given_twice_must_agree() -> None:
     with pytest.raises(ScenarioError, match=r"option 'stage' is 2 but its config's zero_optimization.stage is 3"):
-        Scenario("ds", "team", GPT, strategy="deepspeed_zero", precision="bf16", **SHAPE,
-                 strategy_options={"stage": 2, "config": DOCUMENTED_ZERO3})  # fmt: skip
+        Scenario(
+            "ds",
+            "team",
+            GPT,
+            strategy="deepspeed_zero",
+            precision="bf16",
+            **SHAPE,
+            strategy_options={"stage": 2, "config": DOCUMENTED_ZERO3},
+        )
 
 
 def test_fitting_to_fewer_ranks_rescales_the_configs_train_batch_size() -> None:
@@ -138,10 +151,13 @@ def collected(scenario: Scenario, rank_path: str = "") -> Scenario:
         ("fsdp2", {"param_dtype": "fp8"}, "option 'param_dtype' must be one of fp32, bf16, fp16"),
         ("torch_zero", {"optimizer": "teampkg.opt:make"}, "wraps an optimizer class in its own sharded optimizer"),
         ("ddp", {"optimizer": "nosuchpkg.opt:make"}, "option 'optimizer' 'nosuchpkg.opt:make' cannot be imported"),
-        ("deepspeed_zero", {"config": {"zero_optimization": {"stage": 1}}, "offload_optimizer": True},
-         "with a 'config', set them there"),
+        (
+            "deepspeed_zero",
+            {"config": {"zero_optimization": {"stage": 1}}, "offload_optimizer": True},
+            "with a 'config', set them there",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_step_options_are_refused_naming_the_option(strategy: str, options: dict[str, Any], message: str) -> None:
     with pytest.raises(ScenarioError, match=message):
         collected(Scenario("g", "n", GPT, strategy=strategy, strategy_options=options, **SHAPE))
@@ -195,8 +211,11 @@ def test_compile_composes_with_every_engine_that_takes_it(strategy: str) -> None
     ],
 )
 def test_an_engine_that_cannot_compile_is_refused_with_the_reason(strategy: str, graph: str, reason: str) -> None:
-    with pytest.raises(ScenarioError, match=rf"field 'graph' '{graph}' does not compose with strategy '{strategy}': "
-                       rf"{reason}.*; engines that take it: ddp"):  # fmt: skip
+    with pytest.raises(
+        ScenarioError,
+        match=rf"field 'graph' '{graph}' does not compose with strategy '{strategy}': "
+        rf"{reason}.*; engines that take it: ddp",
+    ):
         Scenario("g", "n", GPT, strategy=strategy, graph=graph, **SHAPE)  # type: ignore[arg-type]
 
 
@@ -280,11 +299,20 @@ def test_without_transformers_every_auto_key_is_refused_at_collection(monkeypatc
     with pytest.raises(ScenarioError) as refused:
         zero(TRAINER_ZERO3)
     message = str(refused.value)
-    named = ["optimizer.params.lr (the Trainer uses TrainingArguments.learning_rate)", "optimizer.params.betas",
-             "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.params.warmup_min_lr",
-             "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps", "gradient_clipping (the Trainer "
-             "uses max_grad_norm)", "zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
-             "zero_optimization.stage3_param_persistence_threshold", "accelerate is not installed"]  # fmt: skip
+    named = [
+        "optimizer.params.lr (the Trainer uses TrainingArguments.learning_rate)",
+        "optimizer.params.betas",
+        "optimizer.params.eps",
+        "optimizer.params.weight_decay",
+        "scheduler.params.warmup_min_lr",
+        "scheduler.params.warmup_max_lr",
+        "scheduler.params.warmup_num_steps",
+        "gradient_clipping (the Trainer uses max_grad_norm)",
+        "zero_optimization.reduce_bucket_size",
+        "zero_optimization.stage3_prefetch_bucket_size",
+        "zero_optimization.stage3_param_persistence_threshold",
+        "accelerate is not installed",
+    ]
     assert all(key in message for key in named), message
     # What perfsuite fills from the scenario is not named: the batch keys and the precision sections.
     assert "train_batch_size" not in message and "bf16.enabled" not in message and "fp16" not in message
@@ -295,6 +323,7 @@ def test_a_trainer_config_with_its_values_given_is_accepted() -> None:
     given["optimizer"]["params"] = {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
     given["scheduler"]["params"] = {"warmup_min_lr": 0, "warmup_max_lr": 1e-4, "warmup_num_steps": 0}
     given["gradient_clipping"] = 1.0
-    given["zero_optimization"].update(reduce_bucket_size=4096, stage3_prefetch_bucket_size=3686,
-                                      stage3_param_persistence_threshold=640)  # fmt: skip
+    given["zero_optimization"].update(
+        reduce_bucket_size=4096, stage3_prefetch_bucket_size=3686, stage3_param_persistence_threshold=640
+    )
     assert isinstance(zero(given).engine_options, ZeroOptions)

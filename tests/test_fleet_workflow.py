@@ -171,11 +171,22 @@ def _run_step(repo: Path, step: Mapping[str, Any], index: int, ctx: Context) -> 
     out.write_text("")
     exported.write_text("")
     env = {**ctx.env, **{k: expand(str(v), ctx) for k, v in step.get("env", {}).items()}}
-    env.update(GITHUB_OUTPUT=str(out), GITHUB_ENV=str(exported), GITHUB_STEP_SUMMARY=str(repo.parent / "summary.md"),
-               GITHUB_ACTIONS="true")  # fmt: skip
+    env.update(
+        GITHUB_OUTPUT=str(out),
+        GITHUB_ENV=str(exported),
+        GITHUB_STEP_SUMMARY=str(repo.parent / "summary.md"),
+        GITHUB_ACTIONS="true",
+    )
     script = expand(step["run"], ctx)
-    done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     if "id" in step:
         lines = [line.split("=", 1) for line in out.read_text().splitlines() if "=" in line]
         ctx.outputs[step["id"]] = dict(lines)
@@ -207,8 +218,12 @@ def git(cwd: Path, *args: str) -> str:
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """perfsuite's wheel, built from this checkout: the runner's only source of perfsuite."""
     folder = tmp_path_factory.mktemp("wheelhouse")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(folder), str(ROOT)], capture_output=True, text=True, check=False)  # fmt: skip
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(folder), str(ROOT)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert built.returncode == 0, built.stderr
     return folder
 
@@ -264,10 +279,17 @@ def team(
     repo.parent.mkdir()
     git(tmp_path, "clone", "-q", str(remote), str(repo))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_"))}
-    env.update(PATH=f"{runner_python / 'bin'}:{os.environ['PATH']}", PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
-               RUNNER_TOOL_CACHE=str(tmp_path / "runner" / "tool-cache"),
-               PYTEST_ADDOPTS="--perf-op-profiles=off --perf-profile=cpu", GIT_AUTHOR_NAME="ci",
-               GIT_AUTHOR_EMAIL="ci@example.com", GIT_COMMITTER_NAME="ci", GIT_COMMITTER_EMAIL="ci@example.com")  # fmt: skip
+    env.update(
+        PATH=f"{runner_python / 'bin'}:{os.environ['PATH']}",
+        PIP_NO_INDEX="1",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        RUNNER_TOOL_CACHE=str(tmp_path / "runner" / "tool-cache"),
+        PYTEST_ADDOPTS="--perf-op-profiles=off --perf-profile=cpu",
+        GIT_AUTHOR_NAME="ci",
+        GIT_AUTHOR_EMAIL="ci@example.com",
+        GIT_COMMITTER_NAME="ci",
+        GIT_COMMITTER_EMAIL="ci@example.com",
+    )
     env.pop("GITHUB_ACTIONS", None)
     workflow = yaml.safe_load((repo / ".github" / "workflows" / "perf.yml").read_text())
     return repo, env, {"workflow": workflow, "vars": {"PERFSUITE_WHEELHOUSE": str(wheelhouse)}}
@@ -341,8 +363,12 @@ def test_a_fresh_runner_is_red_until_the_record_job_baselines_are_merged_then_gr
     assert failed(green) == [], [s.output[-3000:] for s in green]
     assert "perfsuite: reusing" in recorded[0].output and "perfsuite: reusing" in green[0].output
     assert [s.name for s in green] == [
-        "Install perfsuite", "Inductor cache key", "Profile", "Gate", "Job summary and HTML report"
-    ]  # fmt: skip
+        "Install perfsuite",
+        "Inductor cache key",
+        "Profile",
+        "Gate",
+        "Job summary and HTML report",
+    ]
     assert (repo / "perf-report.html").is_file()
     # Inductor's cache: the folder the ranks were given is the one saved, under this runner's torch.
     import torch
@@ -359,9 +385,12 @@ def test_a_fresh_runner_is_red_until_the_record_job_baselines_are_merged_then_gr
 def test_tiers_a_planted_slowdown_and_the_shared_history(team: Any) -> None:
     repo = team[0]
     tests = repo / "bench_tests" / "test_perf.py"
-    tests.write_text(tests.read_text().replace(
-        "\n]\n", '\n    Scenario("example", "ddp_fp32", MODEL, strategy="ddp", precision="fp32", tier="nightly", **SHAPE),\n]\n'
-    ))  # fmt: skip
+    tests.write_text(
+        tests.read_text().replace(
+            "\n]\n",
+            '\n    Scenario("example", "ddp_fp32", MODEL, strategy="ddp", precision="fp32", tier="nightly", **SHAPE),\n]\n',
+        )
+    )
     git(repo, "commit", "-qam", "a nightly row")
     recorded = job(team, "record", "workflow_dispatch", record="update", keyword="")
     assert failed(recorded) == [], [s.output[-3000:] for s in recorded]
@@ -375,8 +404,12 @@ def test_tiers_a_planted_slowdown_and_the_shared_history(team: Any) -> None:
 
     model = repo / "perf_models" / "example.py"
     # A blocking host call in every block's forward (a tiny model's extra FLOPs drown in its overhead).
-    model.write_text(model.read_text().replace("        return x + self.mlp(self.norm(x))",
-                                               "        time.sleep(0.02)\n        return x + self.mlp(self.norm(x))"))  # fmt: skip
+    model.write_text(
+        model.read_text().replace(
+            "        return x + self.mlp(self.norm(x))",
+            "        time.sleep(0.02)\n        return x + self.mlp(self.norm(x))",
+        )
+    )
     model.write_text("import time\n" + model.read_text())
     git(repo, "commit", "-qam", "a slower block")
     slowed = job(team, "gate", "pull_request")
@@ -421,15 +454,28 @@ def test_the_environment_outlives_the_cleaned_workspace_and_a_new_requirement_bu
     def install(requirement: str, job: str) -> subprocess.Popen[str]:
         workspace.mkdir(exist_ok=True)
         (workspace / ".perf-venv").mkdir(exist_ok=True)  # what a run leaves behind, for checkout to clean
-        env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path / "home"),
-               "RUNNER_TOOL_CACHE": str(tmp_path / "tool-cache"), "PERFSUITE_REQUIREMENT": requirement,
-               "PERFSUITE_WHEELHOUSE": str(wheels), "PERF_INSTALL": workflow["env"]["PERF_INSTALL"],
-               "GITHUB_ENV": str(tmp_path / f"{job}.env"), "PIP_NO_INDEX": "1",
-               "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_LOG": str(pip_log)}  # fmt: skip
+        env = {
+            "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+            "HOME": str(tmp_path / "home"),
+            "RUNNER_TOOL_CACHE": str(tmp_path / "tool-cache"),
+            "PERFSUITE_REQUIREMENT": requirement,
+            "PERFSUITE_WHEELHOUSE": str(wheels),
+            "PERF_INSTALL": workflow["env"]["PERF_INSTALL"],
+            "GITHUB_ENV": str(tmp_path / f"{job}.env"),
+            "PIP_NO_INDEX": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PIP_LOG": str(pip_log),
+        }
         (tmp_path / f"{job}.env").write_text("")
         step = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("name") == "Install perfsuite")
-        return subprocess.Popen(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], cwd=workspace,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        return subprocess.Popen(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+            cwd=workspace,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def ran(requirement: str, *jobs: str) -> list[tuple[str, Path, float]]:
         start = time.perf_counter()
@@ -441,8 +487,12 @@ def test_the_environment_outlives_the_cleaned_workspace_and_a_new_requirement_bu
             assert process.returncode == 0, output
             (line,) = (tmp_path / f"{job}.env").read_text().splitlines()
             venv = Path(line.removeprefix("PERF_VENV="))
-            version = subprocess.run([str(venv / "bin" / "python"), "-c", "import tinyperf; print(tinyperf.VERSION)"],
-                                     capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+            version = subprocess.run(
+                [str(venv / "bin" / "python"), "-c", "import tinyperf; print(tinyperf.VERSION)"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
             assert requirement.endswith(version)
             done.append((output, venv, seconds))
         return done
@@ -520,9 +570,13 @@ def test_a_bootstrap_that_runs_out_of_budget_loses_nothing_and_the_next_run_resu
     model = repo / "perf_models" / "example.py"
     # A blocking host call in every block's forward, well beyond cpu's 40% tolerance (0.02 s, as the
     # tiers test plants, read about 40% slower after a bootstrap's calibration: caught in 3 runs of 5).
-    model.write_text("import time\n" + model.read_text().replace(
-        "        return x + self.mlp(self.norm(x))", "        time.sleep(0.1)\n        return x + self.mlp(self.norm(x))"
-    ))  # fmt: skip
+    model.write_text(
+        "import time\n"
+        + model.read_text().replace(
+            "        return x + self.mlp(self.norm(x))",
+            "        time.sleep(0.1)\n        return x + self.mlp(self.norm(x))",
+        )
+    )
     git(repo, "commit", "-qam", "a slower block")
     slowed = job(team, "gate", "pull_request")
     assert failed(slowed) == ["Gate"], [s.output[-6000:] for s in slowed if s.name == "Gate"]

@@ -30,19 +30,31 @@ def test_the_gpu_script_bootstraps_a_cpu_machine_from_a_kit_within_its_budget(tm
     local = f"{sys.version_info[0]}.{sys.version_info[1]}"
     # This machine stands in for the image: its interpreter's packages are what the kit leaves out.
     image = tmp_path / "image.txt"
-    freeze = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True,
-                            text=True, check=True).stdout  # fmt: skip
+    freeze = subprocess.run(
+        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True, check=True
+    ).stdout
     image.write_text(freeze)
-    build = subprocess.run(["make", "-C", str(clone), "gpu-kit", f"KIT={kit}", f"WHEEL_PYTHON={local}",
-                            f"KIT_IMAGE={image}"], capture_output=True, text=True, check=False)  # fmt: skip
+    build = subprocess.run(
+        ["make", "-C", str(clone), "gpu-kit", f"KIT={kit}", f"WHEEL_PYTHON={local}", f"KIT_IMAGE={image}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if build.returncode != 0 and any(e in build.stdout + build.stderr for e in NETWORK_ERRORS):
         pytest.skip(f"building the kit needs the package index, which is unreachable: {build.stderr[-300:]}")
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
 
     env = {**os.environ, "KIT": str(kit), "PYTHON": sys.executable, "OUT": str(out)}
     start = time.monotonic()
-    run = subprocess.run(["bash", "scripts/gpu-bootstrap.sh", "120s", "-k", CHEAP, "--levels", "0", "--trials", "1"],
-                         cwd=clone, env=env, capture_output=True, text=True, timeout=400, check=False)  # fmt: skip
+    run = subprocess.run(
+        ["bash", "scripts/gpu-bootstrap.sh", "120s", "-k", CHEAP, "--levels", "0", "--trials", "1"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     wall = time.monotonic() - start
     log = (out / "bootstrap.log").read_text()
     assert run.returncode in (0, 3), log[-3000:] + run.stderr[-2000:]

@@ -23,9 +23,14 @@ def test_a_model_type_with_fields_is_the_config_the_ranks_build() -> None:
     spec = ModelSpec.hf("llama", **SHAPE, num_key_value_heads=2)
     assert (spec.family, spec.source, spec.task, spec.objective) == ("hf", "llama", "causal_lm", "causal_lm")
     assert spec.hf_config() == {
-        "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512,
-        "max_position_embeddings": 64, "intermediate_size": 128, "num_key_value_heads": 2,
-    }  # fmt: skip
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "vocab_size": 512,
+        "max_position_embeddings": 64,
+        "intermediate_size": 128,
+        "num_key_value_heads": 2,
+    }
     assert hash(spec) == hash(ModelSpec.hf("llama", **SHAPE, num_key_value_heads=2))
     vit = ModelSpec.hf("vit", "image_classification", layers=2, hidden=64, heads=4, image_size=32, patch_size=8)
     assert vit.hf_config()["num_labels"] == 2 and vit.objective == "image_classification"
@@ -33,8 +38,16 @@ def test_a_model_type_with_fields_is_the_config_the_ranks_build() -> None:
 
 def test_a_local_config_json_gives_the_type_and_shape(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
-    fields = {"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-              "vocab_size": 512, "num_key_value_heads": 2, "transformers_version": "4.44.0", "torch_dtype": "bfloat16"}  # fmt: skip
+    fields = {
+        "model_type": "qwen2",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "vocab_size": 512,
+        "num_key_value_heads": 2,
+        "transformers_version": "4.44.0",
+        "torch_dtype": "bfloat16",
+    }
     path.write_text(json.dumps(fields))
     spec = ModelSpec.hf(str(path), layers=1)  # a field given wins over the file's
     assert (spec.source, spec.layers, spec.hidden, spec.vocab) == ("qwen2", 1, 64, 512)
@@ -44,8 +57,19 @@ def test_a_local_config_json_gives_the_type_and_shape(tmp_path: Path) -> None:
 def test_a_gpt2_style_config_json_gives_its_shape_under_its_own_key_names(tmp_path: Path) -> None:
     # GPT-2 stores the shape as n_layer, n_embd, n_head, n_positions (its config's attribute_map).
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 1024,
-                                "vocab_size": 512, "activation_function": "gelu_new"}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "model_type": "gpt2",
+                "n_layer": 2,
+                "n_embd": 64,
+                "n_head": 4,
+                "n_positions": 1024,
+                "vocab_size": 512,
+                "activation_function": "gelu_new",
+            }
+        )
+    )
     spec = ModelSpec.hf(str(path))
     assert (spec.layers, spec.hidden, spec.heads, spec.max_positions, spec.vocab) == (2, 64, 4, 1024, 512)
     assert spec.config == {"activation_function": "gelu_new"}  # nothing left to contradict the shape

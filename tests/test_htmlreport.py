@@ -32,8 +32,16 @@ from perfsuite.reports.html import results as res
 from perfsuite.reports.html import summary
 
 CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync")  # fmt: skip
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 
 
 def judged(scenario_id: str, verdict: str, mean: float, base: float, message: str = "") -> dict[str, Any]:
@@ -193,8 +201,9 @@ class DevTools:
             os.dup2(writes, 4)
 
         command = [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile_dir}", "--remote-debugging-pipe", "about:blank"]
-        self.process = subprocess.Popen(command, preexec_fn=wire, close_fds=False,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        self.process = subprocess.Popen(
+            command, preexec_fn=wire, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         os.close(to_browser)
         os.close(from_browser)
         self._last_id = 0
@@ -233,8 +242,9 @@ class DevTools:
         session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         for domain in ("Page", "Runtime", "Log"):
             self.call(f"{domain}.enable", session)
-        self.call("Emulation.setDeviceMetricsOverride", session, width=width, height=height, deviceScaleFactor=1,
-                  mobile=False)  # fmt: skip
+        self.call(
+            "Emulation.setDeviceMetricsOverride", session, width=width, height=height, deviceScaleFactor=1, mobile=False
+        )
         self.events.clear()
         self.call("Page.navigate", session, url=url)
         self.wait_for("Page.loadEventFired")
@@ -313,8 +323,10 @@ def test_report_of_a_real_cpu_run_renders_in_chromium(
     assert "tiny.fp32" in text and "no_baseline" in text
     seen = browser.open(page.as_uri())
     assert seen["errors"] == []
-    assert seen["images"] == {"tiny.fp32: step times and per-rank figures": True,
-                              "tiny.fp32: samples_per_s over 12 runs": True}  # fmt: skip
+    assert seen["images"] == {
+        "tiny.fp32: step times and per-rank figures": True,
+        "tiny.fp32: samples_per_s over 12 runs": True,
+    }
     from PIL import Image
 
     shot = Image.open(io.BytesIO(seen["png"]))
@@ -362,8 +374,12 @@ def test_without_a_price_or_job_the_cost_table_has_times_only() -> None:
     from perfsuite.reports.html import efficiency
 
     doc = document()
-    doc["ranking"] = {"mp": {"by_cost": [], "by_time": [{"id": "mp.fp32", "samples_per_s": 80.0},
-                                                        {"id": "mp.amp", "samples_per_s": 50.0}]}}  # fmt: skip
+    doc["ranking"] = {
+        "mp": {
+            "by_cost": [],
+            "by_time": [{"id": "mp.fp32", "samples_per_s": 80.0}, {"id": "mp.amp", "samples_per_s": 50.0}],
+        }
+    }
     (group,) = efficiency.cost_groups(doc)
     assert group.columns == efficiency.COST_COLUMNS and group.cheapest_first == ""
     assert group.rows == [("mp.fp32", "80", "2", "-", "-", "-"), ("mp.amp", "50", "2", "-", "-", "-")]
@@ -374,8 +390,10 @@ def test_ceilings_and_achieved_tflops_are_tabulated_with_their_formula() -> None
 
     doc = priced(document())
     assert efficiency.ceilings(doc) == [("bf16", "2", "microbench.matmul_bf16")]
-    assert efficiency.achieved(doc) == [("mp.fp32", "bf16", "0.5", "25.0%", "-", "-"),
-                                        ("mp.amp", "bf16", "0.3", "15.0%", "-", "-")]  # fmt: skip
+    assert efficiency.achieved(doc) == [
+        ("mp.fp32", "bf16", "0.5", "25.0%", "-", "-"),
+        ("mp.amp", "bf16", "0.3", "15.0%", "-", "-"),
+    ]
     assert efficiency.formulas(doc) == ["F"]
 
 

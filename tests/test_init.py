@@ -130,15 +130,21 @@ def test_the_workflow_init_writes_passes_actionlint_and_installs_what_its_steps_
     ("direct_url", "requirement"),
     [
         (None, "perfsuite[engines,report]==1.2.3"),
-        ('{"url": "https://github.com/team/perfsuite", "vcs_info": {"vcs": "git", "commit_id": "abc123"}}',
-         "perfsuite[engines,report] @ git+https://github.com/team/perfsuite@abc123"),
-        ('{"url": "https://example.com/perfsuite-1.2.3-py3-none-any.whl", "archive_info": {}}',
-         "perfsuite[engines,report] @ https://example.com/perfsuite-1.2.3-py3-none-any.whl"),
-        ('{"url": "file:///wheels/perfsuite-1.2.3-py3-none-any.whl", "archive_info": {}}',
-         "perfsuite[engines,report]==1.2.3"),
+        (
+            '{"url": "https://github.com/team/perfsuite", "vcs_info": {"vcs": "git", "commit_id": "abc123"}}',
+            "perfsuite[engines,report] @ git+https://github.com/team/perfsuite@abc123",
+        ),
+        (
+            '{"url": "https://example.com/perfsuite-1.2.3-py3-none-any.whl", "archive_info": {}}',
+            "perfsuite[engines,report] @ https://example.com/perfsuite-1.2.3-py3-none-any.whl",
+        ),
+        (
+            '{"url": "file:///wheels/perfsuite-1.2.3-py3-none-any.whl", "archive_info": {}}',
+            "perfsuite[engines,report]==1.2.3",
+        ),
         ('{"url": "file:///nowhere/perfsuite", "dir_info": {"editable": true}}', "perfsuite[engines,report]==1.2.3"),
     ],
-)  # fmt: skip
+)
 def test_init_records_how_perfsuite_was_installed(
     monkeypatch: pytest.MonkeyPatch, direct_url: str | None, requirement: str
 ) -> None:
@@ -204,11 +210,28 @@ def test_the_pull_request_ab_compares_with_the_merge_base_at_the_teams_minimum_e
     (venv / "bin" / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\n')
     (venv / "bin" / "python").chmod(0o755)
     for effect, expected in (("0.02", ["--min-effect", "0.02"]), ("", [])):
-        env = {"PATH": "/usr/bin:/bin", "PERF_VENV": str(venv), "BASE_REF": "main", "AB_KEYWORD": "amp",
-               "MIN_EFFECT": effect, "AB_MAX_PAIRS": "", "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
-               "ARGS_OUT": str(tmp_path / "args")}  # fmt: skip
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "PERF_VENV": str(venv),
+            "BASE_REF": "main",
+            "AB_KEYWORD": "amp",
+            "MIN_EFFECT": effect,
+            "AB_MAX_PAIRS": "",
+            "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+            "ARGS_OUT": str(tmp_path / "args"),
+        }
         subprocess.run(["bash", "-e", "-o", "pipefail", "-c", step["run"]], cwd=repo, env=env, check=True)
         args = (tmp_path / "args").read_text().split("\n")[:-1]
         assert args[:4] == ["-m", "perfsuite", "ab-rev", base]
-        assert args[4:] == ["bench_tests", "-k", "amp", *expected, "--max-pairs", "8", "--json", "perf-ab.json",
-                            "--markdown", str(tmp_path / "summary.md")]  # fmt: skip
+        assert args[4:] == [
+            "bench_tests",
+            "-k",
+            "amp",
+            *expected,
+            "--max-pairs",
+            "8",
+            "--json",
+            "perf-ab.json",
+            "--markdown",
+            str(tmp_path / "summary.md"),
+        ]

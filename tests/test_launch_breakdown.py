@@ -40,9 +40,15 @@ def test_the_timeline_orders_the_marks_from_the_spawn_and_ends_at_the_wall_time(
     found = outcome({"spawn": spawn, "exit": 1004.5}, 4.75, rank0, warmup_times_s=(0.3, 0.2), step_times_s=(0.25,) * 4)
     # The agent's start, read in 10 ms ticks, came out before the spawn: it counts as the spawn.
     assert found.timeline() == [
-        ("spawn", 0.0), ("agent_start", 0.0), ("agent_torch", 1.5), ("rank_start", 1.7), ("warmup", 3.0),
-        ("measure", 4.0), ("exit", 4.5), ("end", 4.75),
-    ]  # fmt: skip
+        ("spawn", 0.0),
+        ("agent_start", 0.0),
+        ("agent_torch", 1.5),
+        ("rank_start", 1.7),
+        ("warmup", 3.0),
+        ("measure", 4.0),
+        ("exit", 4.5),
+        ("end", 4.75),
+    ]
     assert found.overhead_s == pytest.approx(4.75 - 0.5 - 1.0)
     assert LaunchOutcome("ok", [], wall_s=2.0).timeline() == []  # a launcher that marks no spawn
     assert LaunchOutcome("crash", [], wall_s=2.0, marks={"spawn": spawn}).overhead_s is None
@@ -50,8 +56,14 @@ def test_the_timeline_orders_the_marks_from_the_spawn_and_ends_at_the_wall_time(
 
 def test_explain_prints_each_stretch_its_share_and_the_overhead(tmp_path: Path) -> None:
     timeline = [["spawn", 0.0], ["agent_torch", 1.0], ["measure", 3.0], ["end", 4.0]]
-    result = {"id": "g.s", "status": "ok", "verdict": "pass", "wall_s": 4.0, "metrics": {},
-              "launch": {"rank_start": "fork", "timeline": timeline, "overhead_s": 2.5}}  # fmt: skip
+    result = {
+        "id": "g.s",
+        "status": "ok",
+        "verdict": "pass",
+        "wall_s": 4.0,
+        "metrics": {},
+        "launch": {"rank_start": "fork", "timeline": timeline, "overhead_s": 2.5},
+    }
     lines = launch_lines(result)
     assert lines[0] == "g.s: ok, wall 4.00 s, ranks started by fork"
     rows = {line.split()[0]: line for line in lines[3:-1]}
@@ -143,18 +155,31 @@ def test_a_launch_keeps_its_timeline_in_order_and_its_overhead(pytester: pytest.
 
 def test_explain_names_what_a_warm_parent_saved_and_why_a_launch_was_not_warm() -> None:
     timeline = [["spawn", 0.0], ["agent_torch", 0.1], ["measure", 3.0], ["end", 4.0]]
-    parent = {"parent_pid": 42, "imports_s": 6.25, "preloaded": ["transformers.models.bert.modeling_bert"],
-              "failed": {}, "started_for_this_launch": False}  # fmt: skip
-    result = {"id": "g.s", "status": "ok", "wall_s": 4.0,
-              "launch": {"rank_start": "warm", "timeline": timeline, "overhead_s": 1.5, "warm": parent}}  # fmt: skip
+    parent = {
+        "parent_pid": 42,
+        "imports_s": 6.25,
+        "preloaded": ["transformers.models.bert.modeling_bert"],
+        "failed": {},
+        "started_for_this_launch": False,
+    }
+    result = {
+        "id": "g.s",
+        "status": "ok",
+        "wall_s": 4.0,
+        "launch": {"rank_start": "warm", "timeline": timeline, "overhead_s": 1.5, "warm": parent},
+    }
     lines = launch_lines(result)
     assert lines[0].endswith("ranks started by warm")
     assert lines[-1].strip() == (
         "warm parent (pid 42): 6.25 s of imports (torch, torchrun, transformers.models.bert.modeling_bert) "
         "paid once for the run, not by this launch's agent and ranks (paid before this launch)"
     )
-    result["launch"] = {"rank_start": "fork", "timeline": timeline, "overhead_s": 1.5,
-                        "rank_start_note": "the warm parent (pid 42) died; the next launch starts another"}  # fmt: skip
+    result["launch"] = {
+        "rank_start": "fork",
+        "timeline": timeline,
+        "overhead_s": 1.5,
+        "rank_start_note": "the warm parent (pid 42) died; the next launch starts another",
+    }
     assert launch_lines(result)[-1].strip() == (
         "not started as asked: the warm parent (pid 42) died; the next launch starts another"
     )

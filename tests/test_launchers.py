@@ -263,8 +263,9 @@ def test_emulated_nodes_share_the_host_gpus_and_refuse_before_launch() -> None:
     from perfsuite.core.profiles import gpu_profile
     from perfsuite.gate.fitting import launch_precondition
 
-    scenario = Scenario("g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=1,
-                        global_batch=2, seq_len=16)  # fmt: skip
+    scenario = Scenario(
+        "g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=1, global_batch=2, seq_len=16
+    )
     one_gpu = {"gpu_count": 1, "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]}
     reason = launch_precondition(scenario, gpu_profile("nvidia-h100-80gb-hbm3-x1"), one_gpu, Topology(nnodes=2))
     assert reason == "needs 2 GPUs, 2 node(s) emulated on this host share its 1 GPU(s): 0 each"
@@ -310,8 +311,16 @@ def test_one_node_meets_statically_at_its_own_port_and_nodes_through_c10d(tmp_pa
     job = WorkerJob(rank_job(tmp_path, 2), 2, 60, tmp_path)
     (cmd,) = TorchrunLauncher().commands(job, "127.0.0.1:29511", "run1")
     at = cmd.index("--rdzv-backend")
-    assert cmd[at : at + 8] == ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", "29511",
-                                "--node-rank", "0"]  # fmt: skip
+    assert cmd[at : at + 8] == [
+        "--rdzv-backend",
+        "static",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        "29511",
+        "--node-rank",
+        "0",
+    ]
     assert "--rdzv-endpoint" not in cmd
     chosen = TorchrunLauncher(Topology(rdzv_endpoint="head:29400"))
     (cmd,) = chosen.commands(job, chosen.endpoint(), "run1")

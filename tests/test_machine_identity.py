@@ -72,8 +72,21 @@ def test_the_processor_names_what_picks_its_kernels(tmp_path: Path) -> None:
     )
     assert intel["model"].startswith("Intel(R) Xeon(R) Platinum 8481C")
     # Kernel features in a fixed order; flags no kernel dispatches on (sse, aes) are left out.
-    assert intel["features"] == ["avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-                                 "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"]  # fmt: skip
+    assert intel["features"] == [
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512dq",
+        "avx512_vnni",
+        "avx512_bf16",
+        "amx_tile",
+        "amx_bf16",
+        "amx_int8",
+    ]
     arm = read(tmp_path, GRACE)
     assert (arm["vendor"], arm["model_number"]) == ("0x41", "0xd4f")
     assert arm["features"] == ["asimd", "asimdhp", "sve", "sve2", "bf16", "i8mm", "svebf16", "svei8mm"]
@@ -90,8 +103,7 @@ def here() -> dict[str, Any]:
 
 def judged(tmp_path: Path, fingerprint: dict[str, Any], launches: list[list[float]], **kw: Any) -> Any:
     launcher = FakeLauncher(launches, peaks=kw.pop("peaks", (100.0, 100.0)))
-    settings = RunSettings(profile=kw.pop("profile", CPU), baselines_dir=tmp_path / "baselines", workdir=tmp_path,
-                           **kw)  # fmt: skip
+    settings = RunSettings(profile=kw.pop("profile", CPU), baselines_dir=tmp_path / "baselines", workdir=tmp_path, **kw)
     return PerfSession(settings, fingerprint, launcher).run(SCENARIO)
 
 
@@ -189,7 +201,11 @@ def test_the_gpu_fingerprint_names_each_card_and_its_speed_settings(
     first = fingerprint["gpus"][0]
     assert first["uuid"] == CARDS_A.split(";")[0] and first["serial"] == "165000000000a"
     assert (first["power_limit_w"], first["app_clocks_mhz"], first["ecc"], first["nvlinks"]) == (
-        700, {"sm": 1980, "mem": 2619}, True, 18)  # fmt: skip
+        700,
+        {"sm": 1980, "mem": 2619},
+        True,
+        18,
+    )
     assert fingerprint["interconnect"] == "nvlink"
     monkeypatch.setenv("FAKE_NVML_NVLINK", "0")
     monkeypatch.setenv("FAKE_NVML_FAIL", "nvmlDeviceGetSerial")  # a card that will not say: None, the rest read
@@ -237,8 +253,12 @@ def test_the_gpu_lock_is_the_cards_uuid_whatever_index_a_container_gives_it(
     locks = tmp_path / "shared-locks"  # one host folder, mounted into each container
     card = CARDS_B.split(";")[1]
     # Another container sees this card alone, as its GPU 0, and holds it.
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, card], stdout=subprocess.PIPE, text=True,
-                            env={**dict(__import__("os").environ), devicelock.LOCK_DIR_VAR: str(locks)})  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, card],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**dict(__import__("os").environ), devicelock.LOCK_DIR_VAR: str(locks)},
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
         # This container sees two cards; CUDA_VISIBLE_DEVICES=1 leaves the same card, as NVML's index 1.
@@ -248,8 +268,9 @@ def test_the_gpu_lock_is_the_cards_uuid_whatever_index_a_container_gives_it(
         assert [(g["index"], g["uuid"]) for g in fingerprint["gpus"]] == [(1, card)]
         one_gpu = gpu_profile("nvidia-h100-80gb-hbm3-x1")
         scenario = SCENARIO.resolve(one_gpu.variant_keys)
-        settings = RunSettings(profile=one_gpu, baselines_dir=tmp_path / "b", workdir=tmp_path, device_wait_s=1,
-                               lock_dir=locks)  # fmt: skip
+        settings = RunSettings(
+            profile=one_gpu, baselines_dir=tmp_path / "b", workdir=tmp_path, device_wait_s=1, lock_dir=locks
+        )
         perf = PerfSession(settings, fingerprint, FakeLauncher([STEADY]))
         with pytest.raises(DeviceBusy, match=f"GPU {card} is held by another perfsuite run: pid {proc.pid}"):
             perf.launches.measure(scenario, "current", None, 1)

@@ -82,8 +82,10 @@ def test_a_new_gated_metric_is_compared_by_the_ab(widgets: Metric) -> None:
     names = ("samples_per_s", "peak_mem_mib", "widgets_per_step", "gadgets_per_step")
     # The headline's tolerance is the gate's; the sequential A/B judges it against the minimum effect.
     assert gated("samples_per_s", names, {}, CPU) == {
-        "samples_per_s": 0.4, "peak_mem_mib": 0.15, "widgets_per_step": 0.2,
-    }  # fmt: skip
+        "samples_per_s": 0.4,
+        "peak_mem_mib": 0.15,
+        "widgets_per_step": 0.2,
+    }
     gpu = gpu_profile("nvidia-h100-80gb-hbm3-x1")
     assert gated("samples_per_s", names, {"gadgets_per_step": 0.1}, gpu)["widgets_per_step"] == 0.03
     # A scenario's own tolerance gates an otherwise ungated metric, as in the gate.

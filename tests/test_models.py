@@ -66,16 +66,23 @@ def test_pretraining_batches_carry_both_labels_and_the_loss_sums_both_heads() ->
     assert batch["next_sentence_label"].shape == (4,)
     assert 0 <= int(batch["next_sentence_label"].min()) <= int(batch["next_sentence_label"].max()) < 2
     # The masked-LM labels are drawn as the bert family's: the same rows for the same seed.
-    mlm = synthetic_batch(ModelSpec("bert", layers=1, hidden=32, heads=2, vocab=64, max_positions=16), 16,
-                          torch.device("cpu"), rows=4, seed=0)  # fmt: skip
+    mlm = synthetic_batch(
+        ModelSpec("bert", layers=1, hidden=32, heads=2, vocab=64, max_positions=16),
+        16,
+        torch.device("cpu"),
+        rows=4,
+        seed=0,
+    )
     assert torch.equal(batch["input_ids"], mlm["input_ids"]) and torch.equal(batch["labels"], mlm["labels"])
     assert set(mlm) == {"input_ids", "labels"}
 
     torch.manual_seed(0)
     model = build_model(spec)
     out = model(**batch)
-    lm = nn.functional.cross_entropy(out.prediction_logits.view(-1, 64), batch["labels"].view(-1),
-                                     ignore_index=IGNORE_INDEX)  # fmt: skip
-    nsp = nn.functional.cross_entropy(out.seq_relationship_logits.view(-1, NEXT_SENTENCE_LABELS),
-                                      batch["next_sentence_label"])  # fmt: skip
+    lm = nn.functional.cross_entropy(
+        out.prediction_logits.view(-1, 64), batch["labels"].view(-1), ignore_index=IGNORE_INDEX
+    )
+    nsp = nn.functional.cross_entropy(
+        out.seq_relationship_logits.view(-1, NEXT_SENTENCE_LABELS), batch["next_sentence_label"]
+    )
     assert torch.allclose(out.loss, lm + nsp)

@@ -87,8 +87,14 @@ def test_the_warm_against_exec_stage_runs_and_is_read_on_cpu(tmp_path: Path) -> 
     rows = re.findall(r'"(bench_tests/test_\w+\.py::test_\w+\[[\w.]+\])"', call[call.index('stage "3') :])
     assert len(rows) == 2
     env = {**os.environ, "PYTHON": sys.executable, "PROFILE": "cpu"}
-    subprocess.run(["bash", "scripts/launch_overhead.sh", str(tmp_path), "1", *rows], cwd=ROOT, env=env, check=True,
-                   capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        ["bash", "scripts/launch_overhead.sh", str(tmp_path), "1", *rows],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     summary = run("scripts/launch_overhead_summary.py", str(tmp_path))
     assert summary.count("warm: 1/1 ok, started ['warm']") == 2, summary
     assert summary.count("exec: 1/1 ok, started ['exec']") == 2, summary

@@ -151,8 +151,15 @@ MATMULS = ("aten::addmm", "aten::mm", "aten::linear", "aten::bmm", "aten::matmul
 
 
 def gate(project: pytest.Pytester, out: Path, *args: str) -> pytest.RunResult:
-    return project.runpytest_subprocess(CPU_PROFILE, "--perf-op-profiles=auto", "--perf-confirm=0",
-                                        f"--perf-json={out}", "-p", "no:cacheprovider", *args)  # fmt: skip
+    return project.runpytest_subprocess(
+        CPU_PROFILE,
+        "--perf-op-profiles=auto",
+        "--perf-confirm=0",
+        f"--perf-json={out}",
+        "-p",
+        "no:cacheprovider",
+        *args,
+    )
 
 
 @pytest.mark.serial  # timings: a neighbouring test's launches would be contention
@@ -232,9 +239,15 @@ def test_a_cuda_kernel_counts_once_under_the_op_that_launched_it() -> None:
     from perfsuite.rank.worker.profiling import summarise
 
     def event(name: str, device: object, cpu_us: float, device_us: float) -> SimpleNamespace:
-        return SimpleNamespace(name=name, device_type=device, cpu_parent=None, self_cpu_time_total=cpu_us,
-                               self_device_time_total=device_us, self_cpu_memory_usage=0,
-                               self_device_memory_usage=0)  # fmt: skip
+        return SimpleNamespace(
+            name=name,
+            device_type=device,
+            cpu_parent=None,
+            self_cpu_time_total=cpu_us,
+            self_device_time_total=device_us,
+            self_cpu_memory_usage=0,
+            self_device_memory_usage=0,
+        )
 
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
     stats = summarise([event("aten::mm", cpu, 20.0, 14_500.0), event("sm90_xmma_gemm", cuda, 0.0, 14_400.0)], 1)
@@ -257,8 +270,14 @@ def test_a_cuda_oom_names_where_each_allocation_was_made() -> None:
     assert origin([{"name": "at::_ops::add_Tensor::call(...)", "filename": "??", "line": 0}]) == "aten::add_Tensor"
     assert origin([]) == "(no frame)"
 
-    snapshot = {"segments": [{"blocks": [{**b, "state": "active_allocated"} for b in blocks.values()]
-                              + [{**blocks["adam_state"], "state": "inactive"}]}]}  # fmt: skip
+    snapshot = {
+        "segments": [
+            {
+                "blocks": [{**b, "state": "active_allocated"} for b in blocks.values()]
+                + [{**blocks["adam_state"], "state": "inactive"}]
+            }
+        ]
+    }
     ranked = allocations_by_origin(snapshot)
     assert len(ranked) == 4 and all(op.calls == 1 for op in ranked)  # the freed block is not counted
     assert [op.alloc_bytes for op in ranked] == sorted((b["size"] for b in blocks.values()), reverse=True)

@@ -30,12 +30,14 @@ def test_no_baseline_skips_with_the_record_command_and_fails_the_run(project: py
     project.makepyfile(test_bench=bench_module(ONE))
     result = run(project)
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines([
-        "*perfsuite coverage: judged 0 of 1 selected scenario(s); not judged: 1 no baseline*",
-        "not judged, so this run fails (--perf-allow-unjudged opts out)*",
-        "no_baseline: tiny.fp32: record baselines: python -m perfsuite bootstrap*",
-        "*no baseline in*tiny.json (not judged, fails the run)*--perf-update-baselines*",  # -rA's skip line, last
-    ])  # fmt: skip
+    result.stdout.fnmatch_lines(
+        [
+            "*perfsuite coverage: judged 0 of 1 selected scenario(s); not judged: 1 no baseline*",
+            "not judged, so this run fails (--perf-allow-unjudged opts out)*",
+            "no_baseline: tiny.fp32: record baselines: python -m perfsuite bootstrap*",
+            "*no baseline in*tiny.json (not judged, fails the run)*--perf-update-baselines*",  # -rA's skip line, last
+        ]
+    )
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 
 
@@ -69,8 +71,13 @@ def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester)
     path.write_text(json.dumps(doc))
     elsewhere = run(project, f"--perf-json={project.path / 'e.json'}")
     elsewhere.assert_outcomes(passed=1)
-    elsewhere.stdout.fnmatch_lines([r"tiny.fp32*other_machine", "*perfsuite coverage: judged 1 of 1 selected scenario(s);"
-                                    " timing not judged, baseline from another processor: 1*"])  # fmt: skip
+    elsewhere.stdout.fnmatch_lines(
+        [
+            r"tiny.fp32*other_machine",
+            "*perfsuite coverage: judged 1 of 1 selected scenario(s);"
+            " timing not judged, baseline from another processor: 1*",
+        ]
+    )
     (result,) = json.loads((project.path / "e.json").read_text())["results"]
     assert "Platinum 8481C" in result["message"] and here["model"] in result["message"]
     assert [c["metric"] for c in result["checks"]] == ["peak_mem_mib", "model_state_bytes_per_rank"]
@@ -84,8 +91,12 @@ def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester)
     )
     held = run(project, f"--perf-json={project.path / 'q.json'}")
     held.assert_outcomes(skipped=1)
-    held.stdout.fnmatch_lines(["*tiny.fp32: QUARANTINED, not gating (quarantined until 2099-01-01 by ci: doctored); "
-                               "regression: samples_per_s*"])  # fmt: skip
+    held.stdout.fnmatch_lines(
+        [
+            "*tiny.fp32: QUARANTINED, not gating (quarantined until 2099-01-01 by ci: doctored); "
+            "regression: samples_per_s*"
+        ]
+    )
     coverage = json.loads((project.path / "q.json").read_text())["coverage"]
     assert coverage["quarantined"] == ["tiny.fp32"] and coverage["judged"] == []
     assert held.ret == pytest.ExitCode.TESTS_FAILED
@@ -370,11 +381,13 @@ def test_a_run_that_measured_nothing_is_not_green(project: pytest.Pytester) -> N
 @pytest.mark.parametrize(
     ("command", "message"),
     [
-        (["selftest", "-k", "fsdp", "--levels", "0", "--trials", "1"],
-         "*perfsuite selftest: nothing was measured, so there is no gate to test (tiny.fsdp: skipped: fairscale FSDP needs CUDA*"),
+        (
+            ["selftest", "-k", "fsdp", "--levels", "0", "--trials", "1"],
+            "*perfsuite selftest: nothing was measured, so there is no gate to test (tiny.fsdp: skipped: fairscale FSDP needs CUDA*",
+        ),
         (["calibrate", "--repeats", "2"], "*all 1 scenario(s) skipped without measuring*"),
     ],
-)  # fmt: skip
+)
 def test_selftest_and_calibrate_refuse_scenarios_that_did_not_run(
     project: pytest.Pytester, command: list[str], message: str
 ) -> None:

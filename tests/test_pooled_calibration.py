@@ -24,8 +24,15 @@ from perfsuite.launch import Launcher, LaunchOutcome, WorkerJob
 SCENARIO = Scenario(
     "g", "s", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=2, micro_batch=2, global_batch=4, seq_len=16, steps=5
 )
-PROCESSOR = {"vendor": "GenuineIntel", "model": "Xeon", "family": 6, "model_number": 85, "stepping": 7, "cores": 2,
-             "features": ["avx2"]}  # fmt: skip
+PROCESSOR = {
+    "vendor": "GenuineIntel",
+    "model": "Xeon",
+    "family": 6,
+    "model_number": 85,
+    "stepping": 7,
+    "cores": 2,
+    "features": ["avx2"],
+}
 #: A profile of quiet machines, as a GPU runner's: a 3% floor, timing judged across machines,
 #: and no provisional machine spread, so a single machine's tolerance sees its launches only.
 FLEET = dataclasses.replace(CPU, name="fleet", calibration_floor=0.03, timed_on_other_processor=True)
@@ -37,8 +44,13 @@ STEP_JITTER = (1.0, 1.002, 0.998, 1.001, 0.999)
 
 
 def fingerprint(host: str, processor: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"host": host, "processor": processor or PROCESSOR, "gpus": [], "gpu_count": 0,
-            "packages": {"torch": "2.13.0"}}  # fmt: skip
+    return {
+        "host": host,
+        "processor": processor or PROCESSOR,
+        "gpus": [],
+        "gpu_count": 0,
+        "packages": {"torch": "2.13.0"},
+    }
 
 
 class RateLauncher(Launcher):
@@ -54,12 +66,21 @@ class RateLauncher(Launcher):
         times = tuple(SCENARIO.global_batch / rate * j for j in STEP_JITTER)
         state = {"params": 1, "grads": 1, "optimizer": 2}
         reports = [
-            RankReport(rank=r, status="ok", step_times_s=times, steady_state_start=2, runtime={"torch": "2.13.0"},
-                       model_state={**state, "total": 4},
-                       metrics={"peak_mem_mib": 100.0, "model_state_bytes_per_rank": 4,
-                                **{f"model_state.{k}": v for k, v in state.items()}})
+            RankReport(
+                rank=r,
+                status="ok",
+                step_times_s=times,
+                steady_state_start=2,
+                runtime={"torch": "2.13.0"},
+                model_state={**state, "total": 4},
+                metrics={
+                    "peak_mem_mib": 100.0,
+                    "model_state_bytes_per_rank": 4,
+                    **{f"model_state.{k}": v for k, v in state.items()},
+                },
+            )
             for r in (0, 1)
-        ]  # fmt: skip
+        ]
         return LaunchOutcome("ok", reports)
 
 
@@ -197,8 +218,19 @@ def runner_trees(tmp_path: Path) -> tuple[Path, Path]:
 def test_the_pool_command_merges_the_runners_baselines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a, b = runner_trees(tmp_path)
     local = tmp_path / "local"
-    assert main(["calibrate", "--pool", str(a / "baselines"), str(b / "baselines" / "fleet" / "g.json"),
-                 "--into", str(local / "baselines")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "calibrate",
+                "--pool",
+                str(a / "baselines"),
+                str(b / "baselines" / "fleet" / "g.json"),
+                "--into",
+                str(local / "baselines"),
+            ]
+        )
+        == 0
+    )
     line = capsys.readouterr().out
     assert line.startswith("g.s: samples_per_s tolerance") and "2 machine(s), 10 launches" in line
     entry = stored(local)

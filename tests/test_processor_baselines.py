@@ -23,21 +23,44 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def proc(model: str, vendor: str, family: str, number: str, features: list[str]) -> dict[str, Any]:
-    return {"vendor": vendor, "model": model, "family": family, "model_number": number, "stepping": "1",
-            "cores": 2, "features": features}  # fmt: skip
+    return {
+        "vendor": vendor,
+        "model": model,
+        "family": family,
+        "model_number": number,
+        "stepping": "1",
+        "cores": 2,
+        "features": features,
+    }
 
 
 #: CI's two VM kinds and an Intel one, as their fingerprints name them.
 ZEN3 = proc("AMD EPYC 7763 64-Core Processor", "AuthenticAMD", "25", "1", ["avx", "avx2", "fma", "f16c"])
-ZEN4 = proc("AMD EPYC 9V74 80-Core Processor", "AuthenticAMD", "25", "17",
-            ["avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"])  # fmt: skip
-XEON = proc("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz", "GenuineIntel", "6", "143",
-            ["avx", "avx2", "fma", "f16c", "avx512f", "amx_tile", "amx_bf16"])  # fmt: skip
+ZEN4 = proc(
+    "AMD EPYC 9V74 80-Core Processor",
+    "AuthenticAMD",
+    "25",
+    "17",
+    ["avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"],
+)
+XEON = proc(
+    "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz",
+    "GenuineIntel",
+    "6",
+    "143",
+    ["avx", "avx2", "fma", "f16c", "avx512f", "amx_tile", "amx_bf16"],
+)
 FASTER = [t / 2 for t in STEADY]  # twice the throughput
 
 
-def run_on(tmp_path: Path, processor: dict[str, Any], times: Sequence[float], peak: float = 100.0,
-           profile: Any = CPU, **kw: Any) -> ScenarioResult:  # fmt: skip
+def run_on(
+    tmp_path: Path,
+    processor: dict[str, Any],
+    times: Sequence[float],
+    peak: float = 100.0,
+    profile: Any = CPU,
+    **kw: Any,
+) -> ScenarioResult:
     """One session on a machine whose fingerprint names ``processor``."""
     launcher = FakeLauncher([times] * 4, peaks=(peak, peak))
     settings = RunSettings(profile=profile, baselines_dir=tmp_path / "baselines", workdir=tmp_path, confirm=0, **kw)
@@ -185,8 +208,9 @@ def bad_file(tmp_path: Path, others: Any, version: int = 2) -> Path:
         ([], 3, r"schema_version must be one of \(1, 2\)"),
     ],
 )
-def test_a_corrupt_entry_names_the_file_and_is_never_rewritten(tmp_path: Path, others: Any, version: int,
-                                                              says: str) -> None:  # fmt: skip
+def test_a_corrupt_entry_names_the_file_and_is_never_rewritten(
+    tmp_path: Path, others: Any, version: int, says: str
+) -> None:
     path = bad_file(tmp_path, others, version)
     text = path.read_text()
     with pytest.raises(BaselineError, match=rf"baseline file {path}: .*{says}"):

@@ -27,13 +27,15 @@ TEAM_CONFTEST = textwrap.dedent(
 def team(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeconftest(TEAM_CONFTEST)
     (pytester.path / "bench_tests").mkdir()
-    (pytester.path / "bench_tests" / "test_team.py").write_text(textwrap.dedent(f"""
+    (pytester.path / "bench_tests" / "test_team.py").write_text(
+        textwrap.dedent(f"""
         from perfsuite import ModelSpec, Scenario, parametrize
 
         @parametrize([Scenario("team", "ddp", {TINY}, strategy="ddp", {TINY_SHAPE})])
         def test_team(perf, scenario):
             perf.check(scenario)
-        """))  # fmt: skip
+        """)
+    )
     return pytester
 
 

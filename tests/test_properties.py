@@ -298,14 +298,25 @@ KINDS: dict[type[BaseScenario], dict[str, Any]] = {
 strategy_options = st.one_of(
     st.dictionaries(
         st.sampled_from(
-            ["stage", "tp", "pp", "schedule", "microbatches", "virtual_stages", "offload_optimizer",
-             "param_persistence_threshold", "reduce_buffer_size", "bogus"]
-        ) | st.integers(0, 2),
+            [
+                "stage",
+                "tp",
+                "pp",
+                "schedule",
+                "microbatches",
+                "virtual_stages",
+                "offload_optimizer",
+                "param_persistence_threshold",
+                "reduce_buffer_size",
+                "bogus",
+            ]
+        )
+        | st.integers(0, 2),
         st.one_of(junk, st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"])),
         max_size=3,
     ),
     junk,
-)  # fmt: skip
+)
 #: Edge numbers, tried first for numeric fields: what a typo or a unit slip gives.
 numbers = st.one_of(
     st.sampled_from([0, -1, 1, 2, 4, 64, 0.5, 1.5, math.nan, math.inf, -math.inf, True, None, "2"]), junk

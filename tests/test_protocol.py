@@ -84,8 +84,13 @@ def test_a_cuda_ranks_memory_detail_with_its_nvml_scope_reads_back(tmp_path: Pat
     # What CudaMemoryTracker reports on a GPU: allocator peaks plus which NVML
     # figure it read (a string), or why it has none. The first GPU run (H200,
     # 2026-11-26) failed every launch here: the field was typed numbers-only.
-    memory = {"max_allocated_mib": 812.5, "max_reserved_mib": 900.0, "nvml_peak_mib": 1024.0,
-              "nvml_scope": "device", "nvml_error": "process list failed: NVMLError: Not Supported"}  # fmt: skip
+    memory = {
+        "max_allocated_mib": 812.5,
+        "max_reserved_mib": 900.0,
+        "nvml_peak_mib": 1024.0,
+        "nvml_scope": "device",
+        "nvml_error": "process list failed: NVMLError: Not Supported",
+    }
     RankReport(rank=0, status="ok", step_times_s=(0.1,), memory=memory).write(tmp_path / "reports" / "rank0.json")
     wj = WorkerJob(job(tmp_path), 1, 10.0, tmp_path)
     (report,) = read_reports(wj).values()

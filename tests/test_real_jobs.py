@@ -101,8 +101,11 @@ def test_a_teams_engine_configuration_trains(pytester: pytest.Pytester) -> None:
         passed=3,
     )
     made = {key.split(".")[1]: r["metrics"]["detail"]["materialised"] for key, r in results.items()}
-    assert made == {"zero3_documented_config": "zero.Init", "fsdp2_policy": "meta, then sharded",
-                    "ddp_team_optimizer": "on device"}  # fmt: skip
+    assert made == {
+        "zero3_documented_config": "zero.Init",
+        "fsdp2_policy": "meta, then sharded",
+        "ddp_team_optimizer": "on device",
+    }
     state = {key.split(".")[1]: r["metrics"]["model_state_bytes_per_rank"] for key, r in results.items()}
     # Sharded over 2 ranks: each holds well under a data-parallel rank's model state.
     assert max(state["zero3_documented_config"], state["fsdp2_policy"]) < 0.75 * state["ddp_team_optimizer"], state
@@ -182,10 +185,16 @@ def pytest_perfsuite_profiles():
 #: and to step its optimizer in sub-groups of 1e7 (default 1e9: one fp32 copy of its whole shard's
 #: gradients at once, 384 MiB here).
 BIG_ZERO3 = {
-    "zero_optimization": {"stage": 3, "reduce_bucket_size": 1e6, "stage3_prefetch_bucket_size": 1e6,
-                          "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 1e7,
-                          "stage3_max_reuse_distance": 0, "sub_group_size": 1e7},
-}  # fmt: skip
+    "zero_optimization": {
+        "stage": 3,
+        "reduce_bucket_size": 1e6,
+        "stage3_prefetch_bucket_size": 1e6,
+        "stage3_param_persistence_threshold": 0,
+        "stage3_max_live_parameters": 1e7,
+        "stage3_max_reuse_distance": 0,
+        "sub_group_size": 1e7,
+    },
+}
 
 
 @pytest.mark.slow
@@ -215,8 +224,14 @@ def test_a_model_larger_than_a_ranks_memory_trains_only_where_it_is_sharded_as_i
         )
     )
     pytester.mkdir("baselines")
-    result = team_gate(pytester, "--perf-profile=cpu-small-ranks", "--perf-update-baselines",
-                       "--perf-op-profiles=off", "--perf-json", "rec.json")  # fmt: skip
+    result = team_gate(
+        pytester,
+        "--perf-profile=cpu-small-ranks",
+        "--perf-update-baselines",
+        "--perf-op-profiles=off",
+        "--perf-json",
+        "rec.json",
+    )
     result.assert_outcomes(passed=3)
     judged = team_gate(pytester, "--perf-profile=cpu-small-ranks", "-k", "ddp", "--perf-json", "ddp.json")
     judged.assert_outcomes(passed=1)
@@ -244,8 +259,14 @@ def test_the_example_1b_job_fits_eight_h100s_at_full_size_and_two_cpu_ranks_tiny
     monkeypatch.setenv("PYTHONPATH", str(FAKE_NVML))
     monkeypatch.setenv("FAKE_NVML_GPUS", ";".join(["NVIDIA H100 80GB HBM3"] * gpus))
     bench = str(EXAMPLE / "bench_tests" / "test_llama_1b.py")
-    done = subprocess.run([sys.executable, "-m", "perfsuite", "doctor", bench, "--no-smoke", f"--perf-profile={profile}"],
-                          capture_output=True, text=True, cwd=EXAMPLE, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "perfsuite", "doctor", bench, "--no-smoke", f"--perf-profile={profile}"],
+        capture_output=True,
+        text=True,
+        cwd=EXAMPLE,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     for name in ("fsdp2", "zero3"):
         assert any(f"llama_1b.{name}" in line and ranks in line for line in done.stdout.splitlines()), done.stdout

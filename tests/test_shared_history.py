@@ -42,8 +42,17 @@ def fleet(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 def runs(store: Path, runner: str, count: int, rate: float, start: datetime) -> None:
     for i in range(count):
-        document = {"profile": "cpu", "results": [{"id": "g.s", "status": "ok", "verdict": "pass",
-                                                   "metrics": {"samples_per_s": {"mean": rate, "std": 0.5}}}]}  # fmt: skip
+        document = {
+            "profile": "cpu",
+            "results": [
+                {
+                    "id": "g.s",
+                    "status": "ok",
+                    "verdict": "pass",
+                    "metrics": {"samples_per_s": {"mean": rate, "std": 0.5}},
+                }
+            ],
+        }
         commit = Commit(id=f"{runner[-1]}{i:039d}", time=(start + timedelta(hours=i)).isoformat())
         record(store, document, commit, now=start + timedelta(hours=i, seconds=ord(runner[-1])))
 
@@ -73,8 +82,13 @@ def test_two_runners_appending_at_once_lose_nothing(fleet: tuple[Path, Path, Pat
 
     read = shared.materialise(b, BRANCH, b / "fleet")
     assert len(load(read, "cpu")) == 8
-    shown = subprocess.run([sys.executable, "-m", "perfsuite", "history", "fleet", "--branch", BRANCH],
-                           cwd=b, capture_output=True, text=True, check=False)  # fmt: skip
+    shown = subprocess.run(
+        [sys.executable, "-m", "perfsuite", "history", "fleet", "--branch", BRANCH],
+        cwd=b,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert shown.returncode == 0, shown.stderr
     assert "change point" in shown.stdout.lower()
 

@@ -36,8 +36,14 @@ INTERVAL = r"\d[\d.]*% \(\d[\d.]*%-\d[\d.]*%\)"
 def test_the_vectorised_gate_is_the_gates_own_judging_code(profile: HardwareProfile, slowdown: float) -> None:
     noise = noise_of(profile.name)
     # Twice the tolerance's worth of session spread: failures at every level, not only at the extremes.
-    row = Row(noise.step_cv.value, noise.launch_cv.value, 0.5 * typical_row(noise, profile).tolerance,
-              noise.steps, noise.baseline_launches, typical_row(noise, profile).tolerance)  # fmt: skip
+    row = Row(
+        noise.step_cv.value,
+        noise.launch_cv.value,
+        0.5 * typical_row(noise, profile).tolerance,
+        noise.steps,
+        noise.baseline_launches,
+        typical_row(noise, profile).tolerance,
+    )
     rules = model.Rules.of(profile)
     draws = model.gate_draws(row, rules, np.random.default_rng(7), 40_000)
     modelled = model.gate_verdicts(draws, row, rules, slowdown)
@@ -127,8 +133,18 @@ def test_the_command_prints_rates_with_intervals_for_cpu_and_the_h100(
         (tmp_path / profile / f"{group}.json").write_text(
             json.dumps({**committed, "scenarios": {f"{group}.{scenario}": entry}})
         )
-    argv = ["selftest", "--simulate", "--profile", "cpu", "--perf-profile", "nvidia-h100-x1", "--draws", "3000",
-            "--baselines", str(tmp_path)]  # fmt: skip
+    argv = [
+        "selftest",
+        "--simulate",
+        "--profile",
+        "cpu",
+        "--perf-profile",
+        "nvidia-h100-x1",
+        "--draws",
+        "3000",
+        "--baselines",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     sections = out.split("\n== ")[1:]
@@ -175,8 +191,13 @@ def test_selftest_still_needs_k_unless_it_simulates(capsys: pytest.CaptureFixtur
 
 def _entry(cv: float, n: int = 20, launches: int = 3, **extra: object) -> BaselineEntry:
     stored = {"mean": 100.0, "std": 100.0 * cv, "n": n * launches}
-    return BaselineEntry("ok", {"samples_per_s": stored}, {"samples_per_s": 0.05}, {},
-                         extra={"calibration": {"repeats": launches}, **extra})  # fmt: skip
+    return BaselineEntry(
+        "ok",
+        {"samples_per_s": stored},
+        {"samples_per_s": 0.05},
+        {},
+        extra={"calibration": {"repeats": launches}, **extra},
+    )
 
 
 def test_the_smallest_detectable_slowdown_grows_with_the_spread_and_shrinks_with_pairs() -> None:
@@ -205,23 +226,35 @@ def test_the_ab_catches_about_its_minimum_effect_and_says_what_it_costs() -> Non
     assert found is not None and 0.04 < found.slowdown < 0.06
     assert minimum_detectable(own, H100, pairs=8, min_effect=0.02) == steady.slowdown
     said = sensitivity(_entry(0.01), H100)
-    assert re.match(r"caught 9 times in 10 .*: a slowdown of [\d.]+% \(throughput -[\d.]+%\) by this gate, "
-                    r"[\d.]+% \(throughput -[\d.]+%\) by the sequential A/B \(ab-rev, --perf-ab\) in [\d.]+ pairs on "
-                    r"average \(at most 8; minimum effect 2.0%, the profile's\)$", said), said  # fmt: skip
+    assert re.match(
+        r"caught 9 times in 10 .*: a slowdown of [\d.]+% \(throughput -[\d.]+%\) by this gate, "
+        r"[\d.]+% \(throughput -[\d.]+%\) by the sequential A/B \(ab-rev, --perf-ab\) in [\d.]+ pairs on "
+        r"average \(at most 8; minimum effect 2.0%, the profile's\)$",
+        said,
+    ), said
     assert "minimum effect 5.0%, the scenario's" in sensitivity(own, H100)
     assert sensitivity(_entry(0.01), H100, min_effect=0.03).endswith("minimum effect 3.0%, the scenario's)")
 
 
 def _options(*observed: Trials) -> Options:
-    return Options(profiles=("nvidia-h100-x1",), baselines=Path("/nonexistent"), draws=500, check=50, histories=4000,
-                   observed=observed)  # fmt: skip
+    return Options(
+        profiles=("nvidia-h100-x1",),
+        baselines=Path("/nonexistent"),
+        draws=500,
+        check=50,
+        histories=4000,
+        observed=observed,
+    )
 
 
 def test_trials_the_model_cannot_explain_say_it_is_rejected() -> None:
     seen = Trials(H100.name, "some.row", 0.0, 8, 2, "s2", "s1", "a test", worst=-0.14)
     out = "\n".join(report(_options(seen)))
-    assert re.search(r"observed 2/8 false alarms; the model predicts [\d.]+% a trial; P\(>=2 of 8 \| model\) = "
-                     r"[\d.e-]+: model rejected", out)  # fmt: skip
+    assert re.search(
+        r"observed 2/8 false alarms; the model predicts [\d.]+% a trial; P\(>=2 of 8 \| model\) = "
+        r"[\d.e-]+: model rejected",
+        out,
+    )
     assert re.search(r"worst 0% reading -14.0%: P\(a trial reads that low \| model\) = < [\d.e-]+: model rejected", out)
     quiet = Trials(H100.name, "some.row", 0.0, 8, 0, "s2", "s1", "a test")
     assert re.search(r"observed 0/8 false alarms; .*: consistent", "\n".join(report(_options(quiet))))

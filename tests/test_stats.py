@@ -75,8 +75,14 @@ def test_work_reported_by_the_ranks_overrides_the_scenario_and_pools_per_launch(
     # A best-shape search decides its work per step on the ranks; two launches
     # may pick different shapes, so each launch's rates use its own work.
     def launch(work: float) -> ScenarioMetrics:
-        report = RankReport(rank=0, status="ok", step_times_s=(1.0, 1.0), step_work={"samples_per_s": work},
-                            metrics={"peak_mem_mib": 1.0}, detail={"shape": work})  # fmt: skip
+        report = RankReport(
+            rank=0,
+            status="ok",
+            step_times_s=(1.0, 1.0),
+            step_work={"samples_per_s": work},
+            metrics={"peak_mem_mib": 1.0},
+            detail={"shape": work},
+        )
         return aggregate([report], {"samples_per_s": 1.0}, ["samples_per_s", "peak_mem_mib"])
 
     first, second = launch(10.0), launch(30.0)

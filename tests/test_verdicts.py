@@ -159,9 +159,14 @@ class PickingLauncher(Launcher):
     def run(self, job: WorkerJob) -> LaunchOutcome:
         shape, peak = next(self.picks)
         report = RankReport(
-            rank=0, status="ok", step_times_s=tuple(STEADY), steady_state_start=2, metrics={"peak_mem_mib": peak},
-            step_work={"tflops": 2 * shape[0] * shape[1] * shape[2] / 1e12}, detail={"best_shape": shape},
-        )  # fmt: skip
+            rank=0,
+            status="ok",
+            step_times_s=tuple(STEADY),
+            steady_state_start=2,
+            metrics={"peak_mem_mib": peak},
+            step_work={"tflops": 2 * shape[0] * shape[1] * shape[2] / 1e12},
+            detail={"best_shape": shape},
+        )
         return LaunchOutcome("ok", [report])
 
 
@@ -187,8 +192,9 @@ def test_a_best_shape_rows_memory_is_judged_only_at_the_shape_its_baseline_picke
     same = run([(wide, 608.0)]).run(best).judgement  # the same pick, 73% more memory: a regression
     assert same.verdict == "regression" and "peak_mem_mib" in same.message
     del stored["microbench.best"]["picks"]  # a baseline from before picks were recorded
-    (tmp_path / "baselines" / "cpu" / "microbench.json").write_text(json.dumps({"group": "microbench", "profile": "cpu",
-        "scenarios": stored, "schema_version": 1}))  # fmt: skip
+    (tmp_path / "baselines" / "cpu" / "microbench.json").write_text(
+        json.dumps({"group": "microbench", "profile": "cpu", "scenarios": stored, "schema_version": 1})
+    )
     older = run([(wide, 608.0)]).run(best).judgement
     assert older.verdict == "pass" and "predates recording the rank's best_shape" in older.message
     # Launches pooled into one baseline (calibration) that picked differently: their memory is the

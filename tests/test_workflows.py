@@ -87,8 +87,9 @@ def test_ci_runs_the_readme_test_command_with_pip_caching() -> None:
     assert checkout["with"]["fetch-depth"] >= 2  # make test's ab-rev needs HEAD~1
 
 
-@pytest.mark.parametrize(("name", "runs"), [("ci.yml", "make test"), ("gpu-bench.yml", "make bench"),
-                                            ("update-baselines.yml", "make bench")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "runs"), [("ci.yml", "make test"), ("gpu-bench.yml", "make bench"), ("update-baselines.yml", "make bench")]
+)
 def test_the_workflows_keep_inductors_cache_between_runs(
     name: str, runs: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -220,8 +221,14 @@ def test_the_gpu_workflows_keep_their_environment_outside_the_workspace_checkout
         shutil.rmtree(workspace, ignore_errors=True)  # what checkout's clean leaves: the tracked files
         workspace.mkdir()
         (workspace / "pyproject.toml").write_text(pyproject)
-        done = subprocess.run(["bash", "-eo", "pipefail", "-c", setup], cwd=workspace, env=env, capture_output=True,
-                              text=True, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["bash", "-eo", "pipefail", "-c", setup],
+            cwd=workspace,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout.strip(), (workspace / ".venv").resolve()
 

@@ -106,8 +106,19 @@ def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: 
     against an empty baselines folder: each scenario's launch and minimum effect, by id."""
     empty = out.with_suffix(".baselines")
     empty.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "pytest", *paths, "-p", "no:cacheprovider", *own_plugin(root), "-q",
-            f"--perf-baselines={empty}", f"--perf-json={out}", *pytest_args]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *paths,
+        "-p",
+        "no:cacheprovider",
+        *own_plugin(root),
+        "-q",
+        f"--perf-baselines={empty}",
+        f"--perf-json={out}",
+        *pytest_args,
+    ]
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(root)}
     started = time.monotonic()
     done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, check=False)
@@ -149,8 +160,9 @@ def launch_of(result: Mapping[str, Any]) -> OneLaunch:
     return OneLaunch(status, values, message, why)
 
 
-def ab_trees(base: Path, candidate: Path, settings: Settings, scratch: Path,
-             say: Callable[[str], None] = lambda line: None) -> list[ABResult]:  # fmt: skip
+def ab_trees(
+    base: Path, candidate: Path, settings: Settings, scratch: Path, say: Callable[[str], None] = lambda line: None
+) -> list[ABResult]:
     """The sequential A/B of the selected scenarios, ``base``'s tree against ``candidate``'s: pairs
     of whole pytest runs, the first side alternating, until every scenario has decided or the
     pairs or the budget are spent. ``say`` gets a line per pair."""
@@ -159,8 +171,10 @@ def ab_trees(base: Path, candidate: Path, settings: Settings, scratch: Path,
     started = time.monotonic()
     for pair in range(settings.max_pairs):
         order = (BASE, CANDIDATE) if sequential.base_first(pair) else (CANDIDATE, BASE)
-        runs = {side: run_side(roots[side][0], settings.paths, roots[side][1], scratch / f"{side}-{pair}.json")
-                for side in order}  # fmt: skip
+        runs = {
+            side: run_side(roots[side][0], settings.paths, roots[side][1], scratch / f"{side}-{pair}.json")
+            for side in order
+        }
         for scenario_id in sorted(set(runs[BASE].launches) | set(runs[CANDIDATE].launches)):
             trial = trials.get(scenario_id) or trials.setdefault(scenario_id, _trial(scenario_id, settings, runs))
             for side in order:
@@ -172,8 +186,10 @@ def ab_trees(base: Path, candidate: Path, settings: Settings, scratch: Path,
         for trial in trials.values():
             trial.look(final)
         still = sorted(scenario_id for scenario_id, trial in trials.items() if trial.open)
-        say(f"pair {pair + 1}: {' then '.join(f'{side} {runs[side].seconds:.0f} s' for side in order)}; "
-            f"{len(still)} of {len(trials)} scenario(s) still open")  # fmt: skip
+        say(
+            f"pair {pair + 1}: {' then '.join(f'{side} {runs[side].seconds:.0f} s' for side in order)}; "
+            f"{len(still)} of {len(trials)} scenario(s) still open"
+        )
         if not still:
             break
     return [trials[scenario_id].result for scenario_id in sorted(trials)]
@@ -187,30 +203,62 @@ def _trial(scenario_id: str, settings: Settings, runs: Mapping[str, SideRun]) ->
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser("ab-rev", help="sequential, interleaved A/B of this checkout against a git revision")
     parser.add_argument("rev", help="the base revision (e.g. HEAD~1, origin/main, $(git merge-base origin/main HEAD))")
-    parser.add_argument("paths", nargs="*", default=["bench_tests"],
-                        help="test paths or node ids, the same on both sides (default bench_tests)")  # fmt: skip
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        default=["bench_tests"],
+        help="test paths or node ids, the same on both sides (default bench_tests)",
+    )
     add_design_options(parser)
     parser.add_argument("--json", type=Path, help="write the comparisons to this file")
-    parser.add_argument("--markdown", type=Path, metavar="FILE",
-                        help="append a Markdown table of verdicts, slowdowns and pairs spent (e.g. $GITHUB_STEP_SUMMARY)")  # fmt: skip
-    parser.add_argument("--candidate-arg", action="append", default=[], metavar="ARG",
-                        help="an argument for the candidate's pytest only, e.g. --candidate-arg=--perf-inject-slowdown=20 "
-                        "to measure what the A/B detects (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="FILE",
+        help="append a Markdown table of verdicts, slowdowns and pairs spent (e.g. $GITHUB_STEP_SUMMARY)",
+    )
+    parser.add_argument(
+        "--candidate-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an argument for the candidate's pytest only, e.g. --candidate-arg=--perf-inject-slowdown=20 "
+        "to measure what the A/B detects (repeatable)",
+    )
 
 
 def add_design_options(parser: argparse.ArgumentParser) -> None:
     """The options of a sequential A/B, shared with ``bisect``."""
     parser.add_argument("-k", dest="keyword", help="pytest -k expression: the scenarios to compare")
-    parser.add_argument("--min-effect", type=fraction, metavar="FRACTION",
-                        help="the smallest slowdown that matters, e.g. 0.02 (steps 2%% slower); default: each "
-                        "scenario's min_effect, else its profile's (0.1 on cpu, 0.02 on GPUs)")  # fmt: skip
-    parser.add_argument("--max-pairs", "--pairs", dest="max_pairs", type=at_least(2), default=sequential.MAX_PAIRS,
-                        help=f"most base/candidate pairs before a scenario is undecided (default {sequential.MAX_PAIRS})")  # fmt: skip
-    parser.add_argument("--budget", type=duration, metavar="DURATION",
-                        help="start no pair after this long, e.g. 20m (undecided where nothing decided)")  # fmt: skip
-    parser.add_argument("--alpha", type=_rate, default=sequential.ALPHA, metavar="RATE",
-                        help=f"how often it may say regression at no slowdown (default {sequential.ALPHA}); "
-                        "lower needs more pairs to catch a real one")  # fmt: skip
+    parser.add_argument(
+        "--min-effect",
+        type=fraction,
+        metavar="FRACTION",
+        help="the smallest slowdown that matters, e.g. 0.02 (steps 2%% slower); default: each "
+        "scenario's min_effect, else its profile's (0.1 on cpu, 0.02 on GPUs)",
+    )
+    parser.add_argument(
+        "--max-pairs",
+        "--pairs",
+        dest="max_pairs",
+        type=at_least(2),
+        default=sequential.MAX_PAIRS,
+        help=f"most base/candidate pairs before a scenario is undecided (default {sequential.MAX_PAIRS})",
+    )
+    parser.add_argument(
+        "--budget",
+        type=duration,
+        metavar="DURATION",
+        help="start no pair after this long, e.g. 20m (undecided where nothing decided)",
+    )
+    parser.add_argument(
+        "--alpha",
+        type=_rate,
+        default=sequential.ALPHA,
+        metavar="RATE",
+        help=f"how often it may say regression at no slowdown (default {sequential.ALPHA}); "
+        "lower needs more pairs to catch a real one",
+    )
     parser.add_argument("--tolerance", type=_gone, help=argparse.SUPPRESS)
 
 
@@ -252,8 +300,10 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
         except (ValueError, subprocess.CalledProcessError) as exc:
             print(f"perfsuite ab-rev: cannot export {ns.rev!r}: {exc}", file=sys.stderr)
             return BAD_INPUT
-        print(f"perfsuite ab-rev: this checkout against {ns.rev} ({commit[:12]}), at most {settings.max_pairs} pairs",
-              flush=True)  # fmt: skip
+        print(
+            f"perfsuite ab-rev: this checkout against {ns.rev} ({commit[:12]}), at most {settings.max_pairs} pairs",
+            flush=True,
+        )
         results = ab_trees(base, here, settings, Path(scratch), lambda line: print(line, flush=True))
     print("\n".join(summary_lines(results)))
     if ns.json:

@@ -97,8 +97,12 @@ def git(repo: Path, *args: str) -> str:
 
 def resolve(repo: Path, rev: str) -> str:
     """REV's full commit, or a one-line error naming it."""
-    done = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode:
         raise BadInput(f"unknown revision {rev!r}: no such commit in {repo}")
     return done.stdout.strip()
@@ -118,8 +122,10 @@ def first_parent_line(repo: Path, good: str, bad: str, names: tuple[str, str]) -
         raise BadInput(f"no commits between GOOD {names[0]!r} and BAD {names[1]!r}")
     parent = git(repo, "rev-parse", f"{commits[0][0]}^1").strip()
     if parent != good:  # GOOD came in through a merge: a commit on the line may not contain it
-        raise BadInput(f"GOOD {names[0]!r} ({good[:12]}) is not on BAD's first-parent line (it was merged in): "
-                       "give the merge's first parent or `git merge-base` as GOOD")  # fmt: skip
+        raise BadInput(
+            f"GOOD {names[0]!r} ({good[:12]}) is not on BAD's first-parent line (it was merged in): "
+            "give the merge's first parent or `git merge-base` as GOOD"
+        )
     return commits
 
 
@@ -139,8 +145,11 @@ class Worktrees:
     def drop(self, commit: str) -> None:
         path = self.paths.pop(commit, None)
         if path is not None:
-            subprocess.run(["git", "-C", str(self.repo), "worktree", "remove", "--force", str(path)],
-                           capture_output=True, check=False)  # fmt: skip
+            subprocess.run(
+                ["git", "-C", str(self.repo), "worktree", "remove", "--force", str(path)],
+                capture_output=True,
+                check=False,
+            )
 
     def close(self) -> None:
         for commit in list(self.paths):
@@ -175,8 +184,14 @@ class Step:
         return f"step {number}/{most} {self.commit[:12]} {self.subject[:50]}: {self.verdict}: {figures}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"commit": self.commit, "subject": self.subject, "verdict": self.verdict, "rows": list(self.rows),
-                "message": self.message, "ab": [r.to_json() for r in self.results]}  # fmt: skip
+        return {
+            "commit": self.commit,
+            "subject": self.subject,
+            "verdict": self.verdict,
+            "rows": list(self.rows),
+            "message": self.message,
+            "ab": [r.to_json() for r in self.results],
+        }
 
 
 def describe(result: ABResult) -> str:
@@ -270,14 +285,20 @@ class Bisection:
             where = self.steps[-1]
             advice = ADVICE.get(where.verdict, "see the step's message")
             if found.steps == 1:
-                print(f"perfsuite bisect: {where.verdict} between GOOD {good} and BAD {bad}, so nothing was searched: "
-                      f"{advice}", file=sys.stderr)  # fmt: skip
+                print(
+                    f"perfsuite bisect: {where.verdict} between GOOD {good} and BAD {bad}, so nothing was searched: "
+                    f"{advice}",
+                    file=sys.stderr,
+                )
                 return NOT_JUDGED
             after = self.commits[found.low - 1][0] if found.low else self.good
             span = found.high - found.low + 1
             last = self.commits[found.high][0][:12]
-            print(f"perfsuite bisect: {where.verdict} at {where.commit[:12]}: the first bad commit is one of the "
-                  f"{span} after {after[:12]} up to {last} (git log {after[:12]}..{last}); {advice}", file=sys.stderr)  # fmt: skip
+            print(
+                f"perfsuite bisect: {where.verdict} at {where.commit[:12]}: the first bad commit is one of the "
+                f"{span} after {after[:12]} up to {last} (git log {after[:12]}..{last}); {advice}",
+                file=sys.stderr,
+            )
             return NOT_JUDGED
         sha, subject = self.commits[found.low]
         proof = next(s for s in self.steps if s.commit == sha)
@@ -294,11 +315,18 @@ class Bisection:
             return
         first_bad = self.commits[found.low] if found is not None and found.outcome == "found" else None
         left = self.commits[found.low : found.high + 1] if found is not None and found.outcome == "undecided" else []
-        atomic_write_json(self.json_path, {
-            "good": self.good, "bad": self.bad, "outcome": found.outcome if found else "running",
-            "first_bad": first_bad[0] if first_bad else None, "subject": first_bad[1] if first_bad else None,
-            "remaining": [sha for sha, _ in left], "steps": [s.to_json() for s in self.steps],
-        })  # fmt: skip
+        atomic_write_json(
+            self.json_path,
+            {
+                "good": self.good,
+                "bad": self.bad,
+                "outcome": found.outcome if found else "running",
+                "first_bad": first_bad[0] if first_bad else None,
+                "subject": first_bad[1] if first_bad else None,
+                "remaining": [sha for sha, _ in left],
+                "steps": [s.to_json() for s in self.steps],
+            },
+        )
 
 
 def _min_effect(results: Sequence[ABResult]) -> str:
@@ -310,8 +338,12 @@ def add_parser(commands: Any) -> None:
     parser = commands.add_parser("bisect", help="find the commit between GOOD and BAD that made a row slower (A/B)")
     parser.add_argument("good", metavar="GOOD", help="a revision that is not slower (e.g. v1.4, HEAD~16)")
     parser.add_argument("bad", metavar="BAD", help="a later revision that is slower (e.g. HEAD, origin/main)")
-    parser.add_argument("paths", nargs="*", default=["bench_tests"],
-                        help="test paths or node ids, the same at every commit (default bench_tests)")  # fmt: skip
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        default=["bench_tests"],
+        help="test paths or node ids, the same at every commit (default bench_tests)",
+    )
     add_design_options(parser)
     parser.add_argument("--json", type=Path, metavar="FILE", help="write every step and the result to this file")
 
@@ -326,8 +358,11 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
     except ValueError as exc:  # BadInput, and Settings' own checks
         print(f"perfsuite bisect: {exc}", file=sys.stderr)
         return BAD_INPUT
-    print(f"perfsuite bisect: {len(commits)} commit(s) after GOOD {good[:12]} up to BAD {bad[:12]}: at most "
-          f"{most_steps(len(commits))} A/B step(s) of at most {settings.max_pairs} pairs", flush=True)  # fmt: skip
+    print(
+        f"perfsuite bisect: {len(commits)} commit(s) after GOOD {good[:12]} up to BAD {bad[:12]}: at most "
+        f"{most_steps(len(commits))} A/B step(s) of at most {settings.max_pairs} pairs",
+        flush=True,
+    )
     warm.share_with_children()  # each side's launches fork from that side's parent, every pair
     trees = Worktrees(repo, Path(tempfile.mkdtemp(prefix="perfsuite-bisect.")))
     selection = (f"-k {ns.keyword!r} in " if ns.keyword else "") + " ".join(settings.paths)

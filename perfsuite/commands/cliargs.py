@@ -61,8 +61,12 @@ def probability(text: str) -> float:
 
 def fraction(text: str) -> float:
     """A slowdown fraction above 0, such as a minimum effect (``0.02``; ``2%`` is refused as ambiguous)."""
-    return _number_in(text, 10, f"{text!r}: give a fraction, e.g. 0.02 for a 2% slowdown",
-                      "must be a slowdown fraction above 0 (0.02 = 2%)")  # fmt: skip
+    return _number_in(
+        text,
+        10,
+        f"{text!r}: give a fraction, e.g. 0.02 for a 2% slowdown",
+        "must be a slowdown fraction above 0 (0.02 = 2%)",
+    )
 
 
 def _number_in(text: str, below: float, not_a_number: str, out_of_range: str) -> float:

@@ -89,8 +89,11 @@ def run(ns: Any) -> int:
         print(f"perfsuite profile: {found.problem}", file=sys.stderr)
         return 2
     if found.errors:
-        print(f"perfsuite profile: {found.errors} module(s) of {' '.join(ns.paths)} failed to collect, so their "
-              f"hooks may be missing: run pytest --collect-only {' '.join(ns.paths)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"perfsuite profile: {found.errors} module(s) of {' '.join(ns.paths)} failed to collect, so their "
+            f"hooks may be missing: run pytest --collect-only {' '.join(ns.paths)}",
+            file=sys.stderr,
+        )
         return 2
     print(found.profile.name)
     return 0

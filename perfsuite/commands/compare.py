@@ -226,8 +226,11 @@ def text(old: Path, new: Path, found: Sequence[Row], changed: Sequence[str], fai
 def markdown(old: Path, new: Path, found: Sequence[Row], changed: Sequence[str], fail_on: float | None) -> str:
     """The comparison as a job-summary section (``$GITHUB_STEP_SUMMARY``)."""
     lines = [f"## perfsuite compare: `{old}` -> `{new}`", ""]
-    lines += ["OLD and NEW differ in:", "", *(f"- {_md(line)}" for line in changed)] if changed else [
-        "Same profile and machine."]  # fmt: skip
+    lines += (
+        ["OLD and NEW differ in:", "", *(f"- {_md(line)}" for line in changed)]
+        if changed
+        else ["Same profile and machine."]
+    )
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in found:
         first, *rest = cells(row, fail_on)

@@ -86,10 +86,20 @@ def smoke_scenario(engine: EngineSpec, profile: HardwareProfile, gpus: int) -> S
     precision: Precision = "bf16" if profile.device == "cpu" else "fp16"  # no fast fp16 kernels on CPUs
     name = re.sub(r"[^a-z0-9_-]+", "_", engine.name.lower())  # user engines are named by module:Class
     return Scenario(
-        "doctor", name, model, precision=precision, strategy=engine.name,
-        strategy_options=engine.smoke_options, world_size=world, micro_batch=2, global_batch=2 * world,
-        seq_len=32, warmup_steps=1, max_warmup_steps=1, steps=2,
-    )  # fmt: skip
+        "doctor",
+        name,
+        model,
+        precision=precision,
+        strategy=engine.name,
+        strategy_options=engine.smoke_options,
+        world_size=world,
+        micro_batch=2,
+        global_batch=2 * world,
+        seq_len=32,
+        warmup_steps=1,
+        max_warmup_steps=1,
+        steps=2,
+    )
 
 
 def smoke(engine: EngineSpec, profile: HardwareProfile, gpus: int, workdir: Path) -> tuple[str, float]:

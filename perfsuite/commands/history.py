@@ -23,11 +23,15 @@ def add_parser(commands: Any) -> None:
     history = commands.add_parser("history", help="a scenario's metric over commits and where it shifted")
     history.add_argument("dir", type=Path, help="history folder (pytest --perf-history=DIR)")
     shared = history.add_mutually_exclusive_group()
-    shared.add_argument("--publish", metavar="BRANCH",
-                        help="append DIR's runs to the fleet's history on this branch of --remote and push (retried "
-                             "when another runner pushed first); pull-request runs should not")  # fmt: skip
-    shared.add_argument("--branch", metavar="BRANCH",
-                        help="read the fleet's history from this branch of --remote into DIR first")  # fmt: skip
+    shared.add_argument(
+        "--publish",
+        metavar="BRANCH",
+        help="append DIR's runs to the fleet's history on this branch of --remote and push (retried "
+        "when another runner pushed first); pull-request runs should not",
+    )
+    shared.add_argument(
+        "--branch", metavar="BRANCH", help="read the fleet's history from this branch of --remote into DIR first"
+    )
     history.add_argument("--remote", default="origin", help="git remote of --publish and --branch (default origin)")
     history.add_argument("--profile", help="only this profile's runs (default: every profile in DIR)")
     history.add_argument("-k", dest="keyword", help="only scenarios whose id contains this text")

@@ -19,10 +19,15 @@ def add_parsers(commands: Any) -> None:
     """The ``report`` and ``summary`` subcommands on perfsuite's argparse subparsers."""
     report = commands.add_parser("report", help="write a results file as one self-contained HTML page with plots")
     report.add_argument("results", type=Path, help="results file (pytest --perf-json FILE)")
-    report.add_argument("-o", "--output", type=Path, default=Path("perf-report.html"),
-                        help="page to write (default perf-report.html)")  # fmt: skip
-    report.add_argument("--history", type=Path, metavar="DIR",
-                        help="add trend charts from this history folder (pytest --perf-history DIR)")  # fmt: skip
+    report.add_argument(
+        "-o", "--output", type=Path, default=Path("perf-report.html"), help="page to write (default perf-report.html)"
+    )
+    report.add_argument(
+        "--history",
+        type=Path,
+        metavar="DIR",
+        help="add trend charts from this history folder (pytest --perf-history DIR)",
+    )
     table = commands.add_parser("summary", help="print a results file's summary table")
     table.add_argument("results", type=Path, help="results file (pytest --perf-json FILE)")
     table.add_argument("--markdown", action="store_true", help="as markdown, e.g. >> $GITHUB_STEP_SUMMARY")

@@ -257,38 +257,91 @@ for _category in ("params", "grads", "optimizer"):
             description=f"{_category} bytes the worst rank holds (exact; for relations)",
         )
     )
-register(Metric(
-    "busbw_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
-    across_launches="pool", spread=True, imbalance=True, timed=True, tolerances={"cpu": 0.40, "cuda": 0.05},
-    label="busbw GB/s", description="collective bus bandwidth (nccl-tests): algbw x 2(n-1)/n for all-reduce, (n-1)/n for "
-    "all-gather and reduce-scatter; comparable across world sizes",
-))  # fmt: skip
-register(Metric(
-    "algbw_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
-    across_launches="pool", timed=True, description="collective algorithm bandwidth (nccl-tests): message bytes / time",
-))  # fmt: skip
+register(
+    Metric(
+        "busbw_gbps",
+        "GB/s",
+        "higher",
+        noisy=True,
+        source="steps",
+        across_ranks="slowest_step",
+        across_launches="pool",
+        spread=True,
+        imbalance=True,
+        timed=True,
+        tolerances={"cpu": 0.40, "cuda": 0.05},
+        label="busbw GB/s",
+        description="collective bus bandwidth (nccl-tests): algbw x 2(n-1)/n for all-reduce, (n-1)/n for "
+        "all-gather and reduce-scatter; comparable across world sizes",
+    )
+)
+register(
+    Metric(
+        "algbw_gbps",
+        "GB/s",
+        "higher",
+        noisy=True,
+        source="steps",
+        across_ranks="slowest_step",
+        across_launches="pool",
+        timed=True,
+        description="collective algorithm bandwidth (nccl-tests): message bytes / time",
+    )
+)
 # -- hardware ceilings (group microbench) ---------------------------------------------
-register(Metric(
-    "tflops", "TFLOP/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
-    across_launches="pool", spread=True, imbalance=True, timed=True, tolerances={"cpu": 0.40, "cuda": 0.05},
-    label="TFLOP/s", description="achieved TFLOP/s of a compute microbenchmark; the scenario's config names how FLOPs were "
-    "counted (flops_formula)",
-))  # fmt: skip
-register(Metric(
-    "mem_gbps", "GB/s", "higher", noisy=True, source="steps", across_ranks="slowest_step",
-    across_launches="pool", spread=True, imbalance=True, timed=True, tolerances={"cpu": 0.40, "cuda": 0.05},
-    label="mem GB/s", description="device memory bandwidth: bytes read plus bytes written per second (1 GB = 1e9 bytes)",
-))  # fmt: skip
+register(
+    Metric(
+        "tflops",
+        "TFLOP/s",
+        "higher",
+        noisy=True,
+        source="steps",
+        across_ranks="slowest_step",
+        across_launches="pool",
+        spread=True,
+        imbalance=True,
+        timed=True,
+        tolerances={"cpu": 0.40, "cuda": 0.05},
+        label="TFLOP/s",
+        description="achieved TFLOP/s of a compute microbenchmark; the scenario's config names how FLOPs were "
+        "counted (flops_formula)",
+    )
+)
+register(
+    Metric(
+        "mem_gbps",
+        "GB/s",
+        "higher",
+        noisy=True,
+        source="steps",
+        across_ranks="slowest_step",
+        across_launches="pool",
+        spread=True,
+        imbalance=True,
+        timed=True,
+        tolerances={"cpu": 0.40, "cuda": 0.05},
+        label="mem GB/s",
+        description="device memory bandwidth: bytes read plus bytes written per second (1 GB = 1e9 bytes)",
+    )
+)
 # -- the Hugging Face Trainer's own figures (group trainer_sweep) -----------------------
 # Each rank's Trainer computes them from its own wall clock; ranks combine to the worst.
-for _name, _unit, _direction, _reduce, _what in (
+_TRAINER_FIGURES: tuple[tuple[str, str, Direction, RankReduce, str], ...] = (
     ("trainer.train_samples_per_s", "samples/s", "higher", "min", "Trainer's train_samples_per_second"),
     ("trainer.eval_samples_per_s", "samples/s", "higher", "min", "Trainer's eval_samples_per_second"),
     ("trainer.train_runtime_s", "s", "lower", "max", "Trainer's train_runtime (whole train(), evaluations included)"),
     ("trainer.eval_runtime_s", "s", "lower", "max", "Trainer's eval_runtime of the last evaluation"),
-):
-    register(Metric(
-        _name, _unit, _direction, noisy=True, across_ranks=_reduce, across_launches="mean",  # type: ignore[arg-type]
-        timed=True,
-        description=f"{_what}; recorded and usable in relations, not gated by default",
-    ))  # fmt: skip
+)
+for _name, _unit, _direction, _reduce, _what in _TRAINER_FIGURES:
+    register(
+        Metric(
+            _name,
+            _unit,
+            _direction,
+            noisy=True,
+            across_ranks=_reduce,
+            across_launches="mean",
+            timed=True,
+            description=f"{_what}; recorded and usable in relations, not gated by default",
+        )
+    )

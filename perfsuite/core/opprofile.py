@@ -157,8 +157,11 @@ def _others(profiles: Sequence[OpProfile], n: int) -> tuple[OpStat, ...]:
     rows = [op for p in profiles for op in p.ops if op.name == OTHER]
     if not rows:
         return ()
-    return (OpStat(OTHER, *(sum(getattr(op, f) for op in rows) / n for f in ("calls", "cpu_us", "device_us",
-                                                                              "alloc_bytes"))),)  # fmt: skip
+    return (
+        OpStat(
+            OTHER, *(sum(getattr(op, f) for op in rows) / n for f in ("calls", "cpu_us", "device_us", "alloc_bytes"))
+        ),
+    )
 
 
 # -- the diff -------------------------------------------------------------------------
@@ -218,11 +221,16 @@ class ProfileDiff:
         """The failure message's first line: the ops that explain most of the added time."""
         grown = [c for c in self.significant() if c.delta_us > 0][:LEAD]
         if not grown:
-            return (f"op profile: no op changed by more than {NOISE_SHARE:.0%} of the baseline's step time "
-                    f"({self.noise_us / 1000:.3g} ms)")  # fmt: skip
+            return (
+                f"op profile: no op changed by more than {NOISE_SHARE:.0%} of the baseline's step time "
+                f"({self.noise_us / 1000:.3g} ms)"
+            )
         explained = sum(c.delta_us for c in grown)
-        share = f", {explained / self.slowdown_us:.0%} of the {self.slowdown_us / 1000:.3g} ms/step added" if (
-            self.slowdown_us > 0) else ""  # fmt: skip
+        share = (
+            f", {explained / self.slowdown_us:.0%} of the {self.slowdown_us / 1000:.3g} ms/step added"
+            if (self.slowdown_us > 0)
+            else ""
+        )
         return "op profile: " + ", ".join(c.describe() for c in grown) + share
 
     def grown_allocations(self) -> list[OpChange]:
@@ -256,13 +264,15 @@ def diff(base: OpProfile, current: OpProfile) -> ProfileDiff:
     changes = []
     for name in names:
         then, now = base.op(name), current.op(name)
-        changes.append(OpChange(
-            name,
-            base.step_us(then) if then else None,
-            current.step_us(now) if now else None,
-            then.alloc_bytes if then else 0.0,
-            now.alloc_bytes if now else 0.0,
-        ))  # fmt: skip
+        changes.append(
+            OpChange(
+                name,
+                base.step_us(then) if then else None,
+                current.step_us(now) if now else None,
+                then.alloc_bytes if then else 0.0,
+                now.alloc_bytes if now else 0.0,
+            )
+        )
     changes.sort(key=lambda c: c.delta_us, reverse=True)
     return ProfileDiff(base, current, tuple(changes))
 

@@ -33,11 +33,32 @@ PROCESSOR_FIELDS = ("vendor", "model", "family", "model_number", "stepping", "co
 #: every machine that runs torch or never touched by its matmuls.
 KERNEL_FEATURES = (
     # x86: the AVX2 and AVX-512 paths, their bf16/fp16 and VNNI (int8) parts, AMX tiles
-    "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
-    "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx_vnni",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512dq",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "amx_fp16",
     # aarch64: NEON, SVE, bf16 and int8 matrix multiply
-    "asimd", "asimdhp", "sve", "sve2", "bf16", "i8mm", "svebf16", "svei8mm",
-)  # fmt: skip
+    "asimd",
+    "asimdhp",
+    "sve",
+    "sve2",
+    "bf16",
+    "i8mm",
+    "svebf16",
+    "svei8mm",
+)
 
 #: ``/proc/cpuinfo`` keys per fingerprint field, x86 first, then aarch64's.
 _FIELDS = {

@@ -130,8 +130,10 @@ class HardwareProfile:
                 f"not {self.rank_start!r}"
             )
         if not 0 < self.min_effect < 10:
-            raise ProfileError(f"profile {self.name!r}: min_effect must be a slowdown fraction above 0 (0.02 = 2%), "
-                               f"got {self.min_effect!r}")  # fmt: skip
+            raise ProfileError(
+                f"profile {self.name!r}: min_effect must be a slowdown fraction above 0 (0.02 = 2%), "
+                f"got {self.min_effect!r}"
+            )
         unknown = sorted(set(self.tolerances) - {m.name for m in METRICS})
         if unknown:
             raise ProfileError(f"profile {self.name!r}: unknown tolerance metrics {unknown}")

@@ -44,9 +44,21 @@ T = TypeVar("T")
 #: ``agent_start`` and ``agent_torch`` (passed to its ranks in :data:`AGENT_MARKS_VAR`); each
 #: rank the rest. A kind marks only what it has (``device``: cuda only; ``wrap``: training).
 LaunchMark = Literal[
-    "spawn", "agent_start", "agent_torch", "rank_start", "rank_imports", "device", "process_group",
-    "build", "wrap", "warmup", "measure", "report", "exit", "end",
-]  # fmt: skip
+    "spawn",
+    "agent_start",
+    "agent_torch",
+    "rank_start",
+    "rank_imports",
+    "device",
+    "process_group",
+    "build",
+    "wrap",
+    "warmup",
+    "measure",
+    "report",
+    "exit",
+    "end",
+]
 LAUNCH_MARKS: tuple[LaunchMark, ...] = get_args(LaunchMark)
 #: What the stretch that ends at each mark is (``perfsuite explain --launch`` prints these).
 LAUNCH_STRETCHES: Mapping[LaunchMark, str] = {

@@ -149,9 +149,14 @@ class Launches:
         return tuple(str(gpu["index"]) for gpu in self.fingerprint.get("gpus") or [])
 
     def job(
-        self, scenario: BaseScenario, env: str = CURRENT, slowdown_pct: float | None = None, profile_steps: int = 0,
-        explain_oom: bool = False, profile_trace: bool = False,
-    ) -> WorkerJob:  # fmt: skip
+        self,
+        scenario: BaseScenario,
+        env: str = CURRENT,
+        slowdown_pct: float | None = None,
+        profile_steps: int = 0,
+        explain_oom: bool = False,
+        profile_trace: bool = False,
+    ) -> WorkerJob:
         """One launch of ``scenario`` in ``env``, in a fresh work folder; ``slowdown_pct``
         None plants the session's slowdown."""
         profile, settings = self.settings.profile, self.settings

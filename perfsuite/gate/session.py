@@ -207,8 +207,9 @@ class PerfSession:
             result.judgement = self._record(scenario, result)
         return result
 
-    def _measured(self, scenario: BaseScenario, baseline: BaselineEntry | None,
-                  attempts: list[dict[str, Any]]) -> tuple[Measurement, Judgement]:  # fmt: skip
+    def _measured(
+        self, scenario: BaseScenario, baseline: BaselineEntry | None, attempts: list[dict[str, Any]]
+    ) -> tuple[Measurement, Judgement]:
         """Measure and judge once; a judgement that contention left unreliable waits for a
         quiet host and measures again, up to the settings' retries within the wait budgets.
         Every measurement goes into ``attempts``."""

@@ -165,8 +165,15 @@ class Trial:
     """One scenario's sequential A/B as its launches arrive, pair by pair (``run_ab`` drives it
     in one process; ``ab-rev`` feeds it from whole pytest runs)."""
 
-    def __init__(self, scenario_id: str, metrics: Sequence[str], base: str, candidate: str, design: Design,
-                 tolerances: Mapping[str, float]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        scenario_id: str,
+        metrics: Sequence[str],
+        base: str,
+        candidate: str,
+        design: Design,
+        tolerances: Mapping[str, float],
+    ) -> None:
         self.result = ABResult(scenario_id, base, candidate)
         self.metrics, self.design, self.tolerances = tuple(metrics), design, dict(tolerances)
         self.open = True
@@ -202,8 +209,10 @@ class Trial:
             self._conclude()
 
     def _pairs(self, metric: str) -> list[tuple[float, float]]:
-        sides = {env: [x.values[metric] for x in self.result.launches if x.env == env and metric in x.values]
-                 for env in (self.result.base, self.result.candidate)}  # fmt: skip
+        sides = {
+            env: [x.values[metric] for x in self.result.launches if x.env == env and metric in x.values]
+            for env in (self.result.base, self.result.candidate)
+        }
         return list(zip(sides[self.result.base], sides[self.result.candidate], strict=True))
 
     def _conclude(self) -> None:
@@ -226,9 +235,16 @@ class Trial:
 
 
 def run_ab(
-    scenario_id: str, metrics: Sequence[str], run_once: RunOnce, base: str, candidate: str, design: Design,
-    tolerances: Mapping[str, float], budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
-) -> ABResult:  # fmt: skip
+    scenario_id: str,
+    metrics: Sequence[str],
+    run_once: RunOnce,
+    base: str,
+    candidate: str,
+    design: Design,
+    tolerances: Mapping[str, float],
+    budget_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> ABResult:
     """Pairs of (base, candidate) launches, the order alternating pair by pair, until the headline
     metric (``metrics[0]``) decides, ``design.max_pairs`` are spent, or ``budget_s`` seconds have
     passed (then ``undecided``); the other metrics are compared on the pairs measured. A
@@ -252,8 +268,16 @@ def summary_lines(results: Sequence[ABResult]) -> list[str]:
     for r in results:
         if r.headline is not None:
             state = r.headline.state
-            rows.append((r.id, f"{r.headline.metric} (slowdown)", f"{state.slowdown:+.1%}", _interval(state),
-                         str(state.pairs), _outcome(r, state.decision)))  # fmt: skip
+            rows.append(
+                (
+                    r.id,
+                    f"{r.headline.metric} (slowdown)",
+                    f"{state.slowdown:+.1%}",
+                    _interval(state),
+                    str(state.pairs),
+                    _outcome(r, state.decision),
+                )
+            )
         for c in r.comparisons:
             cells = (r.id, c.metric, f"{c.change:+.1%}", f"{c.ci_low:+.1%} .. {c.ci_high:+.1%}", str(len(c.base)))
             rows.append((*cells, _outcome(r, c.outcome)))
@@ -276,8 +300,10 @@ def markdown_lines(results: Sequence[ABResult], title: str) -> list[str]:
             lines.append(f"| `{r.id}` | {r.verdict} | - | - | - | {r.message[:80]} |")
             continue
         state, design = r.headline.state, r.headline.design
-        lines.append(f"| `{r.id}` | {r.verdict} | {state.slowdown:+.1%} | {_interval(state)} | "
-                     f"{design.min_effect:.1%} | {state.pairs} of {design.max_pairs} |")  # fmt: skip
+        lines.append(
+            f"| `{r.id}` | {r.verdict} | {state.slowdown:+.1%} | {_interval(state)} | "
+            f"{design.min_effect:.1%} | {state.pairs} of {design.max_pairs} |"
+        )
     return lines
 
 

@@ -130,8 +130,13 @@ def host_load(sample_s: float = 1.0) -> Contention:
 QUIET_SAMPLES = 3
 
 
-def wait_for_quiet(max_foreign_cores: float, max_steal_cores: float, timeout_s: float,
-                   sample: Callable[[], Contention] = host_load, settle: int = QUIET_SAMPLES) -> Quiet:  # fmt: skip
+def wait_for_quiet(
+    max_foreign_cores: float,
+    max_steal_cores: float,
+    timeout_s: float,
+    sample: Callable[[], Contention] = host_load,
+    settle: int = QUIET_SAMPLES,
+) -> Quiet:
     """Sample until the host was within the limits for ``settle`` samples in a row
     (``Quiet.quiet``), or ``timeout_s`` has passed."""
     start, last, streak = time.monotonic(), None, 0

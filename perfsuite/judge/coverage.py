@@ -30,9 +30,20 @@ from perfsuite.core.engines import MissingPackage
 #: Verdicts by which the gate has spoken, for better or worse (``searched``: a max-batch
 #: search that trained or ran out of memory at least once).
 JUDGED = frozenset(
-    {"pass", "regression", "improved", "expected_oom", "unexpected_oom", "unexpected_pass", "imbalance", "error",
-     "recorded", "searched", "other_machine"}
-)  # fmt: skip
+    {
+        "pass",
+        "regression",
+        "improved",
+        "expected_oom",
+        "unexpected_oom",
+        "unexpected_pass",
+        "imbalance",
+        "error",
+        "recorded",
+        "searched",
+        "other_machine",
+    }
+)
 #: The judged verdict whose timing was not: its baseline came from another processor.
 TIMING_ELSEWHERE = "other_machine"
 #: What would judge such a scenario's timing.
@@ -181,8 +192,16 @@ def coverage_of(outcomes: Iterable[Outcome]) -> Coverage:
             if item.verdict == "unreliable":
                 causes.append(_cause(item.message))
     elsewhere = tuple(item.id for item in items if item.verdict == TIMING_ELSEWHERE and not item.quarantined)
-    return Coverage(len(items), tuple(judged), {k: tuple(v) for k, v in unjudged.items()}, skipped,
-                    tuple(quarantined), tuple(causes), elsewhere, not_installed(items))  # fmt: skip
+    return Coverage(
+        len(items),
+        tuple(judged),
+        {k: tuple(v) for k, v in unjudged.items()},
+        skipped,
+        tuple(quarantined),
+        tuple(causes),
+        elsewhere,
+        not_installed(items),
+    )
 
 
 def not_installed(outcomes: Iterable[Outcome]) -> tuple[NotInstalled, ...]:

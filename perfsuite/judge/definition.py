@@ -23,9 +23,24 @@ from perfsuite.store.vcs import current_commit
 #: formula texts, names, the spec before fitting, what is derived from the
 #: rest, how many steps are measured, and when a workflow runs it (its tier).
 NOT_DEFINING = frozenset(
-    {"reference", "flops_formula", "bytes_formula", "declared", "layout", "bus_factor", "id", "group", "name",
-     "primary", "steps", "warmup_steps", "max_warmup_steps", "tier", "min_effect"}
-)  # fmt: skip
+    {
+        "reference",
+        "flops_formula",
+        "bytes_formula",
+        "declared",
+        "layout",
+        "bus_factor",
+        "id",
+        "group",
+        "name",
+        "primary",
+        "steps",
+        "warmup_steps",
+        "max_warmup_steps",
+        "tier",
+        "min_effect",
+    }
+)
 
 
 def definition(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -67,5 +67,10 @@ class Explanation:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Explanation:
         base = data.get("baseline")
-        return cls(decode(OpProfile, data["current"]), decode(OpProfile, base) if base else None,
-                   str(data.get("stored_in", "")), str(data.get("trace", "")), str(data.get("note", "")))  # fmt: skip
+        return cls(
+            decode(OpProfile, data["current"]),
+            decode(OpProfile, base) if base else None,
+            str(data.get("stored_in", "")),
+            str(data.get("trace", "")),
+            str(data.get("note", "")),
+        )

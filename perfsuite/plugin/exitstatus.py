@@ -120,8 +120,9 @@ def problems(config: pytest.Config, found: Coverage | None, today: date | None =
 
 def summary(terminalreporter: Any, found: Coverage, failing: list[str]) -> None:
     """The coverage line last in the terminal summary: green when it gates, red when it cannot."""
-    terminalreporter.write_sep("-" if found.ok else "!", f"perfsuite coverage: {found.line()}", red=not found.ok,
-                               green=found.ok)  # fmt: skip
+    terminalreporter.write_sep(
+        "-" if found.ok else "!", f"perfsuite coverage: {found.line()}", red=not found.ok, green=found.ok
+    )
     for line in failing:
         terminalreporter.write_line(line, red=True)
     for line in found.notes():

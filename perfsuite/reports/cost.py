@@ -30,9 +30,12 @@ class Job:
 
 
 def cost_of(
-    config: Mapping[str, Any], values: Mapping[str, float], health: Iterable[Mapping[str, Any]],
-    price: float | None, currency: str,
-) -> dict[str, Any] | None:  # fmt: skip
+    config: Mapping[str, Any],
+    values: Mapping[str, float],
+    health: Iterable[Mapping[str, Any]],
+    price: float | None,
+    currency: str,
+) -> dict[str, Any] | None:
     """Cost figures of one training result (``values``: metric name -> mean); None
     without samples/s, or with neither a price nor an energy counter."""
     samples_per_s = values.get("samples_per_s")

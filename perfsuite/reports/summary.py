@@ -33,8 +33,10 @@ def _row(result: ScenarioResult, extra: list[registry.Metric]) -> tuple[str, ...
     for check in result.judgement.checks:
         if check.metric == primary:
             delta = f"{check.delta:+.1%}"
-    cells = [metric.show(m.value(metric.name)) if m and metric.name in m.values and metric.name != primary else "-"
-             for metric in extra]  # fmt: skip
+    cells = [
+        metric.show(m.value(metric.name)) if m and metric.name in m.values and metric.name != primary else "-"
+        for metric in extra
+    ]
     return (result.scenario.id, result.status, throughput, delta, *cells, result.verdict)
 
 

@@ -64,8 +64,9 @@ def fit(profile: OpProfile, limit: int = MAX_SUMMARY_BYTES) -> OpProfile:
     while len(json.dumps(profile.to_json())) > limit and len(profile.ops) > 2:
         named = [op for op in profile.ops if op.name != OTHER]
         folded = [*(op for op in profile.ops if op.name == OTHER), named[-1]]
-        other = OpStat(OTHER, *(sum(getattr(op, f) for op in folded) for f in ("calls", "cpu_us", "device_us",
-                                                                                "alloc_bytes")))  # fmt: skip
+        other = OpStat(
+            OTHER, *(sum(getattr(op, f) for op in folded) for f in ("calls", "cpu_us", "device_us", "alloc_bytes"))
+        )
         profile = dataclasses.replace(profile, ops=(*named[:-1], other))
     return profile
 

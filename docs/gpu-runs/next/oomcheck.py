@@ -31,9 +31,11 @@ def describe(folder: Path) -> list[str]:
         live = [b for b in blocks if b.get("state") == "active_allocated"]
         traces = snapshot.get("device_traces") or []
         events = sum(len(t) for t in traces)
-        lines.append(f"{path}: {path.stat().st_size} bytes, {len(live)} live blocks "
-                     f"({sum(b.get('size', 0) for b in live) / 2**20:.0f} MiB), timeline: {events} events "
-                     f"on {len(traces)} device(s)")  # fmt: skip
+        lines.append(
+            f"{path}: {path.stat().st_size} bytes, {len(live)} live blocks "
+            f"({sum(b.get('size', 0) for b in live) / 2**20:.0f} MiB), timeline: {events} events "
+            f"on {len(traces)} device(s)"
+        )
     return lines or [f"no allocator snapshot under {folder}"]
 
 

@@ -60,16 +60,26 @@ class Costs:
             return cls(device)
         try:
             doc = json.loads(path.read_text())
-            return cls(device, {k: float(v) for k, v in doc["launch_s"].items()},
-                       {k: float(v) for k, v in doc["fixed_s"].items()})  # fmt: skip
+            return cls(
+                device,
+                {k: float(v) for k, v in doc["launch_s"].items()},
+                {k: float(v) for k, v in doc["fixed_s"].items()},
+            )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CostsError(
                 f"{path}: not a bootstrap estimates table ({exc}); delete it to start from the defaults"
             ) from None
 
     def save(self, path: Path) -> None:
-        atomic_write_json(path, {"schema_version": SCHEMA_VERSION, "device": self.device,
-                                 "launch_s": self.launch_s, "fixed_s": self.fixed_s})  # fmt: skip
+        atomic_write_json(
+            path,
+            {
+                "schema_version": SCHEMA_VERSION,
+                "device": self.device,
+                "launch_s": self.launch_s,
+                "fixed_s": self.fixed_s,
+            },
+        )
 
     def launch(self, target: Target, peers: Sequence[Target]) -> float:
         """Estimated seconds of one launch of ``target``; ``peers`` are the other targets (for group means)."""

@@ -77,8 +77,13 @@ class Step:
     estimate_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "kind": self.kind, "targets": [t.id for t in self.targets],
-                "launches": self.launches, "estimate_s": round(self.estimate_s, 1)}  # fmt: skip
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "targets": [t.id for t in self.targets],
+            "launches": self.launches,
+            "estimate_s": round(self.estimate_s, 1),
+        }
 
 
 @dataclass(frozen=True)
@@ -109,8 +114,11 @@ class Plan:
     """Scenario id -> why it cannot run on this machine."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"steps": [s.to_json() for s in self.steps], "targets": [t.to_json() for t in self.targets],
-                "not_here": dict(self.not_here)}  # fmt: skip
+        return {
+            "steps": [s.to_json() for s in self.steps],
+            "targets": [t.to_json() for t in self.targets],
+            "not_here": dict(self.not_here),
+        }
 
     def lines(self, budget_s: float) -> list[str]:
         """The plan for people: each step with its estimate and whether ``budget_s`` holds it, then the targets."""
@@ -120,15 +128,22 @@ class Plan:
             waits = step.kind != "report" and not fits(step, left)
             if waits and not ended:
                 ended = True
-                found.append(f"    -- the budget ends here ({budget_s:.0f} s): the steps marked 'waits' wait for a "
-                             "rerun; a later one that fits runs first")  # fmt: skip
+                found.append(
+                    f"    -- the budget ends here ({budget_s:.0f} s): the steps marked 'waits' wait for a "
+                    "rerun; a later one that fits runs first"
+                )
             total += step.estimate_s
             left -= 0.0 if waits else step.estimate_s
             times = f"  x{step.launches}" if step.launches > 1 else ""
             mark = "  waits" if waits else ""
             found.append(f"{n:>3} {step.key:<52} ~{step.estimate_s:5.0f} s  (total {total:5.0f} s){times}{mark}")
-        found += ["targets:", *(f"  {t.id:<48} {t.world_size} rank(s)  {t.shape}" + ("  [ceiling]" if t.ceiling else "")
-                                for t in self.targets)]  # fmt: skip
+        found += [
+            "targets:",
+            *(
+                f"  {t.id:<48} {t.world_size} rank(s)  {t.shape}" + ("  [ceiling]" if t.ceiling else "")
+                for t in self.targets
+            ),
+        ]
         return [*found, "not here:", *(f"  {i:<48} {why}" for i, why in self.not_here.items())]
 
 
@@ -174,8 +189,18 @@ def targets_for(
             not_here[scenario.id] = reason
             continue
         config = scenario.to_config()
-        targets.append(Target(scenario.id, scenario.group, nodeid, scenario.kind, scenario.world_size,
-                              shape_of(config), scenario.primary, is_ceiling(scenario, profile)))  # fmt: skip
+        targets.append(
+            Target(
+                scenario.id,
+                scenario.group,
+                nodeid,
+                scenario.kind,
+                scenario.world_size,
+                shape_of(config),
+                scenario.primary,
+                is_ceiling(scenario, profile),
+            )
+        )
     return targets, not_here
 
 

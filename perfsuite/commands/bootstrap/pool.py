@@ -44,11 +44,20 @@ class Found:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pool", nargs="+", type=Path, metavar="FILE_OR_DIR",
-                        help="pool the calibrations in these baselines trees, group files or results files "
-                        "(from several runners) into --into, instead of measuring")  # fmt: skip
-    parser.add_argument("--into", type=Path, default=Path("baselines"),
-                        help="with --pool: the baselines folder to write (default baselines)")  # fmt: skip
+    parser.add_argument(
+        "--pool",
+        nargs="+",
+        type=Path,
+        metavar="FILE_OR_DIR",
+        help="pool the calibrations in these baselines trees, group files or results files "
+        "(from several runners) into --into, instead of measuring",
+    )
+    parser.add_argument(
+        "--into",
+        type=Path,
+        default=Path("baselines"),
+        help="with --pool: the baselines folder to write (default baselines)",
+    )
     parser.add_argument("--profile", help="with --pool: the profile to pool (default: the one the inputs hold)")
 
 
@@ -72,14 +81,18 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
 def read_input(path: Path) -> list[Found]:
     """The calibrated entries of one input, which must hold at least one."""
     if not path.exists():
-        raise PoolError(f"{path}: no such file or folder. Give a runner's baselines/ folder, a group file or "
-                        "the --perf-json results file of its calibration run")  # fmt: skip
+        raise PoolError(
+            f"{path}: no such file or folder. Give a runner's baselines/ folder, a group file or "
+            "the --perf-json results file of its calibration run"
+        )
     files = sorted(p for p in path.rglob("*.json") if "op_profiles" not in p.parts) if path.is_dir() else [path]
     found = [f for file in files for f in _entries(file, explicit=not path.is_dir())]
     if not found:
-        raise PoolError(f"{path}: holds no calibration with per-launch values. Calibrate on that runner with "
-                        "this perfsuite (python -m perfsuite calibrate --repeats N) and bring back its "
-                        "baselines/ folder or --perf-json file")  # fmt: skip
+        raise PoolError(
+            f"{path}: holds no calibration with per-launch values. Calibrate on that runner with "
+            "this perfsuite (python -m perfsuite calibrate --repeats N) and bring back its "
+            "baselines/ folder or --perf-json file"
+        )
     return found
 
 
@@ -105,14 +118,17 @@ def chosen_profile(found: Sequence[Found], asked: str | None, inputs: Sequence[P
     """The profile asked for, or the only one the inputs hold; an input with none of its entries is refused."""
     profiles = sorted({f.profile for f in found})
     if asked is None and len(profiles) > 1:
-        raise PoolError(f"the inputs hold calibrations of several profiles ({', '.join(profiles)}): "
-                        "choose one with --profile")  # fmt: skip
+        raise PoolError(
+            f"the inputs hold calibrations of several profiles ({', '.join(profiles)}): choose one with --profile"
+        )
     profile = asked or profiles[0]
     for path in inputs:
         theirs = sorted({f.profile for f in found if f.path == path or path in f.path.parents})
         if profile not in theirs:
-            raise PoolError(f"{path}: holds calibrations of profile {', '.join(theirs)}, not {profile}. Pool only "
-                            "runs of one profile (one kind of machine); leave this input out or pass --profile")  # fmt: skip
+            raise PoolError(
+                f"{path}: holds calibrations of profile {', '.join(theirs)}, not {profile}. Pool only "
+                "runs of one profile (one kind of machine); leave this input out or pass --profile"
+            )
     return profile
 
 
@@ -146,15 +162,19 @@ def check(item: Found, base: BaselineEntry, local: Path) -> None:
     into, which is that processor's own (a mixed entry: :func:`entry_processor`)."""
     changed = definition.changes(base.extra.get("definition") or {}, item.entry.extra.get("definition") or {})
     if changed:
-        raise PoolError(f"{item.path}: {item.scenario} was calibrated for another definition than {local} holds "
-                        f"({'; '.join(changed)}). Calibrate that runner at this commit, or leave the file out")  # fmt: skip
+        raise PoolError(
+            f"{item.path}: {item.scenario} was calibrated for another definition than {local} holds "
+            f"({'; '.join(changed)}). Calibrate that runner at this commit, or leave the file out"
+        )
     facts = calibration.Facts.of(item.entry.extra.get(calibration.CALIBRATION) or {})
     processor = identity.processor_text(base.fingerprint)
     others = [s for s in calibration.sources_of(item.entry) if s.get("processor") != processor]
     if not facts.across_processors and others:
-        raise PoolError(f"{item.path}: {item.scenario} was measured on another processor ({others[0].get('processor')}) "
-                        f"than {local}'s baseline ({processor}), and profile {item.profile} does not compare timing "
-                        "across processors. Pool only runners of one processor model")  # fmt: skip
+        raise PoolError(
+            f"{item.path}: {item.scenario} was measured on another processor ({others[0].get('processor')}) "
+            f"than {local}'s baseline ({processor}), and profile {item.profile} does not compare timing "
+            "across processors. Pool only runners of one processor model"
+        )
 
 
 def pool_one(store: BaselineStore, group: str, scenario: str, items: Sequence[Found]) -> str:
@@ -167,8 +187,16 @@ def pool_one(store: BaselineStore, group: str, scenario: str, items: Sequence[Fo
         sources = calibration.newest_per_machine(calibration.sources_of(old), incoming)
         return calibration.pooled_entry(new, sources, facts)
 
-    entry = store.record(group, scenario, base.expected, base.metrics, base.fingerprint,
-                         tolerances=base.tolerances, extra=base.extra, merge=merge)  # fmt: skip
+    entry = store.record(
+        group,
+        scenario,
+        base.expected,
+        base.metrics,
+        base.fingerprint,
+        tolerances=base.tolerances,
+        extra=base.extra,
+        merge=merge,
+    )
     data: Mapping[str, Any] = entry.extra[calibration.CALIBRATION]
     primary = facts.primary or next(iter(facts.floors), "")
     return f"{scenario}: {calibration.describe(data, primary, entry.tolerances.get(primary))} -> {store.path(group)}"

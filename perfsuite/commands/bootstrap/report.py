@@ -72,12 +72,17 @@ def baseline_rows(store: BaselineStore, plan: Plan) -> list[tuple[str, ...]]:
         metric = target.primary
         cv = res.number(calibration.get(f"cv_{metric}"))
         tolerance = entry.tolerances.get(metric)
-        rows.append((
-            target.id, f"{target.world_size}", target.shape, f"{_fmt(entry.value(metric), 4)} {res.unit(metric)}",
-            _fmt(entry.value("peak_mem_mib"), 5),
-            f"{cv:.2%} over {calibration['repeats']}" if cv is not None else "not calibrated",
-            f"{tolerance:.0%}" if tolerance is not None else "-",
-        ))  # fmt: skip
+        rows.append(
+            (
+                target.id,
+                f"{target.world_size}",
+                target.shape,
+                f"{_fmt(entry.value(metric), 4)} {res.unit(metric)}",
+                _fmt(entry.value("peak_mem_mib"), 5),
+                f"{cv:.2%} over {calibration['repeats']}" if cv is not None else "not calibrated",
+                f"{tolerance:.0%}" if tolerance is not None else "-",
+            )
+        )
     return rows
 
 
@@ -92,8 +97,17 @@ def detection_rows(detection: Mapping[str, Any]) -> list[tuple[str, ...]]:
         measured = row.get("measured_changes") or []
         seen = f"{statistics.median(measured):+.1%}" if measured else "-"
         spreads = ", ".join(f"{cv:.1%}" for cv in row.get("step_cvs") or []) or "-"
-        rows.append((f"{row['level']:g}%", f"{row['throughput_change']:.1%}", seen, f"{k}/{n}", interval,
-                     str(row.get("unreliable", 0)), spreads))  # fmt: skip
+        rows.append(
+            (
+                f"{row['level']:g}%",
+                f"{row['throughput_change']:.1%}",
+                seen,
+                f"{k}/{n}",
+                interval,
+                str(row.get("unreliable", 0)),
+                spreads,
+            )
+        )
     return rows
 
 
@@ -116,16 +130,29 @@ def markdown(state: State, plan: Plan, document: Mapping[str, Any], store: Basel
         message = (record.message if record else "not started: the budget ran out")[:200]
         step_rows.append((step.key, status, wall, f"{step.estimate_s:.0f}", message))
     lines += [*table(("step", "status", "wall s", "estimate s", "note"), step_rows), ""]
-    lines += ["## Ceilings (same session)", "", *table(("scenario", "measured", "of datasheet"),
-                                                       ceiling_rows(document, plan)), ""]  # fmt: skip
+    lines += [
+        "## Ceilings (same session)",
+        "",
+        *table(("scenario", "measured", "of datasheet"), ceiling_rows(document, plan)),
+        "",
+    ]
     lines += ["## Baselines and their spread between launches", ""]
-    lines += [*table(("scenario", "ranks", "shape", "primary", "peak MiB", "CV", "tolerance"),
-                     baseline_rows(store, plan)), ""]  # fmt: skip
+    lines += [
+        *table(("scenario", "ranks", "shape", "primary", "peak MiB", "CV", "tolerance"), baseline_rows(store, plan)),
+        "",
+    ]
     if facts.get("detection"):
         detection = facts["detection"]
         lines += [f"## Detection ({detection.get('keyword')}, against its recorded baseline)", ""]
-        header = ("planted", "nominal change", "measured (median)", "gate failed", "95% interval", "unreliable",
-                  "step CV per trial")  # fmt: skip
+        header = (
+            "planted",
+            "nominal change",
+            "measured (median)",
+            "gate failed",
+            "95% interval",
+            "unreliable",
+            "step CV per trial",
+        )
         lines += [*table(header, detection_rows(detection)), ""]
     if plan.not_here:
         lines += ["## Not recordable on this machine", "", *table(("scenario", "why"), list(plan.not_here.items())), ""]

@@ -86,8 +86,10 @@ def _machine(options: Options) -> tuple[dict[str, Any], HardwareProfile, list[An
     if found.profile is None:
         raise SystemExit(f"perfsuite bootstrap: {found.problem}")
     if found.errors:
-        raise SystemExit(f"perfsuite bootstrap: {found.errors} module(s) of {' '.join(options.paths)} failed to "
-                         f"collect: run pytest --collect-only {' '.join(options.paths)}")  # fmt: skip
+        raise SystemExit(
+            f"perfsuite bootstrap: {found.errors} module(s) of {' '.join(options.paths)} failed to "
+            f"collect: run pytest --collect-only {' '.join(options.paths)}"
+        )
     return found.fingerprint, found.profile, found.with_nodeids()
 
 
@@ -96,8 +98,14 @@ def usable(fingerprint: dict[str, Any], profile: HardwareProfile) -> Callable[[B
     return lambda entry: identity.times_here(entry.fingerprint, fingerprint, profile.timed_on_other_processor)
 
 
-def build_plan(options: Options, fingerprint: dict[str, Any], profile: HardwareProfile,
-               scenarios: Sequence[Any], costs: Costs, store: BaselineStore) -> Plan:  # fmt: skip
+def build_plan(
+    options: Options,
+    fingerprint: dict[str, Any],
+    profile: HardwareProfile,
+    scenarios: Sequence[Any],
+    costs: Costs,
+    store: BaselineStore,
+) -> Plan:
     targets, not_here = targets_for(scenarios, profile, fingerprint)
     done = Done() if options.redo else done_in(store, targets, options.settings.repeats, usable(fingerprint, profile))
     launch_s, fixed_s = costs.table(targets)
@@ -114,8 +122,14 @@ def run(options: Options) -> int:
     costs = Costs.load(costs_path, profile.device)
     plan = build_plan(options, fingerprint, profile, scenarios, costs, store())
     if options.dry_run:
-        print("\n".join([f"profile {profile.name} ({profile.device}), budget {clock_text(options.budget_s)}:",
-                         *plan.lines(options.budget_s)]))  # fmt: skip
+        print(
+            "\n".join(
+                [
+                    f"profile {profile.name} ({profile.device}), budget {clock_text(options.budget_s)}:",
+                    *plan.lines(options.budget_s),
+                ]
+            )
+        )
         return EXIT_COMPLETE
     state = State.load(options.out / "state.json", profile.name, options.redo)
     if options.redo:  # a selftest keeps its finished levels across runs; starting over drops them
@@ -123,16 +137,34 @@ def run(options: Options) -> int:
             table.unlink()
     state.facts["budget_s"] = options.budget_s
     state.facts["baselines"] = str(options.baselines / profile.name)
-    ctx = Context(options.python, profile.name, options.baselines, options.out, options.pytest_args,
-                  options.settings.levels, options.settings.trials)  # fmt: skip
-    say(f"profile {profile.name}: {len(plan.steps)} step(s) planned, estimated "
-        f"{clock_text(sum(s.estimate_s for s in plan.steps))}, budget {clock_text(options.budget_s)}")  # fmt: skip
+    ctx = Context(
+        options.python,
+        profile.name,
+        options.baselines,
+        options.out,
+        options.pytest_args,
+        options.settings.levels,
+        options.settings.trials,
+    )
+    say(
+        f"profile {profile.name}: {len(plan.steps)} step(s) planned, estimated "
+        f"{clock_text(sum(s.estimate_s for s in plan.steps))}, budget {clock_text(options.budget_s)}"
+    )
     out_of_time = loop(plan, state, ctx, budget, costs, costs_path, fingerprint, profile, store)
     return finish(plan, state, ctx, budget, costs, costs_path, store, out_of_time)
 
 
-def loop(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, costs_path: Path,
-         fingerprint: dict[str, Any], profile: HardwareProfile, store: Stores) -> bool:  # fmt: skip
+def loop(
+    plan: Plan,
+    state: State,
+    ctx: Context,
+    budget: Budget,
+    costs: Costs,
+    costs_path: Path,
+    fingerprint: dict[str, Any],
+    profile: HardwareProfile,
+    store: Stores,
+) -> bool:
     """Run the steps before the report; True when the budget left any of them waiting.
 
     A step that does not fit waits, and the later ones that fit run first: the
@@ -154,8 +186,10 @@ def loop(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, c
             step = replace(step, estimate_s=step.estimate_s * selftest_left(step, ctx))
         if not fits(step, budget.left() - reserve):
             if not waiting:
-                say(f"{number}/{len(work)} {step.key}: waits, needs ~{step.estimate_s:.0f} s (x{START_MARGIN} margin)"
-                    f" and {clock_text(budget.left())} are left (report reserved); later steps that fit run first")  # fmt: skip
+                say(
+                    f"{number}/{len(work)} {step.key}: waits, needs ~{step.estimate_s:.0f} s (x{START_MARGIN} margin)"
+                    f" and {clock_text(budget.left())} are left (report reserved); later steps that fit run first"
+                )
             waiting.append(step)
             continue
         record = execute(step, ctx, budget.left() - reserve, fingerprint, profile, plan, state, costs, recorded)
@@ -173,8 +207,17 @@ def loop(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, c
     return bool(waiting)
 
 
-def execute(step: Step, ctx: Context, timeout_s: float, fingerprint: dict[str, Any], profile: HardwareProfile,
-            plan: Plan, state: State, costs: Costs, recorded: set[str]) -> StepRecord:  # fmt: skip
+def execute(
+    step: Step,
+    ctx: Context,
+    timeout_s: float,
+    fingerprint: dict[str, Any],
+    profile: HardwareProfile,
+    plan: Plan,
+    state: State,
+    costs: Costs,
+    recorded: set[str],
+) -> StepRecord:
     if step.kind == "doctor":
         record, state.facts["doctor"] = doctor_step(ctx, plan, fingerprint, profile)
         record.estimate_s = step.estimate_s
@@ -193,8 +236,16 @@ def execute(step: Step, ctx: Context, timeout_s: float, fingerprint: dict[str, A
     return record
 
 
-def finish(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs, costs_path: Path,
-           store: Stores, out_of_time: bool) -> int:  # fmt: skip
+def finish(
+    plan: Plan,
+    state: State,
+    ctx: Context,
+    budget: Budget,
+    costs: Costs,
+    costs_path: Path,
+    store: Stores,
+    out_of_time: bool,
+) -> int:
     failed = [k for k, r in state.steps.items() if r.status == "failed" and k in {s.key for s in plan.steps}]
     missing = [s.key for s in plan.steps if s.kind != "report" and not state.finished(s.key)]
     if failed:
@@ -211,7 +262,9 @@ def finish(plan: Plan, state: State, ctx: Context, budget: Budget, costs: Costs,
     costs.learn_fixed("report", time.monotonic() - start)
     costs.save(costs_path)
     state.save()
-    say(f"report: {', '.join(str(p) for p in written)} | used {clock_text(budget.used())} "
-        f"of {clock_text(budget.total_s)}")  # fmt: skip
+    say(
+        f"report: {', '.join(str(p) for p in written)} | used {clock_text(budget.used())} "
+        f"of {clock_text(budget.total_s)}"
+    )
     say(f"bootstrap {verdict} (exit {code})")
     return code

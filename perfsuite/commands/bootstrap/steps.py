@@ -50,8 +50,20 @@ class Context:
         return self.out / "logs" / f"{safe(step.key)}.log"
 
     def pytest(self, nodeids: Sequence[str], results: Path, *flags: str) -> list[str]:
-        return [self.python, "-m", "pytest", *nodeids, "-q", "-p", "no:cacheprovider", f"--perf-profile={self.profile}",
-                f"--perf-baselines={self.baselines}", f"--perf-json={results}", *flags, *self.pytest_args]  # fmt: skip
+        return [
+            self.python,
+            "-m",
+            "pytest",
+            *nodeids,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--perf-profile={self.profile}",
+            f"--perf-baselines={self.baselines}",
+            f"--perf-json={results}",
+            *flags,
+            *self.pytest_args,
+        ]
 
 
 def safe(key: str) -> str:
@@ -176,9 +188,24 @@ def selftest_step(step: Step, ctx: Context, timeout_s: float) -> tuple[StepRecor
     done = selftest_rows(step, ctx)
     todo = [x for x in ctx.levels if x not in {r["level"] for r in done}]
     part.unlink(missing_ok=True)
-    cmd = [ctx.python, "-m", "perfsuite", "selftest", target.nodeid, "-k", target.id, "--trials", str(ctx.trials),
-           "--levels", ",".join(f"{x:g}" for x in todo), "--json", str(part),
-           f"--perf-profile={ctx.profile}", f"--perf-baselines={ctx.baselines}", *ctx.pytest_args]  # fmt: skip
+    cmd = [
+        ctx.python,
+        "-m",
+        "perfsuite",
+        "selftest",
+        target.nodeid,
+        "-k",
+        target.id,
+        "--trials",
+        str(ctx.trials),
+        "--levels",
+        ",".join(f"{x:g}" for x in todo),
+        "--json",
+        str(part),
+        f"--perf-profile={ctx.profile}",
+        f"--perf-baselines={ctx.baselines}",
+        *ctx.pytest_args,
+    ]
     start = time.monotonic()
     code = run_logged(cmd, ctx.log_path(step), timeout_s) if todo else 0
     wall = time.monotonic() - start

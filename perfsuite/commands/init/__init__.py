@@ -170,8 +170,11 @@ def add_parser(commands: Any) -> None:
         help="your build function as package.module:function, or a transformers model type (llama, qwen2, vit...); "
         "default: an example model to replace",
     )
-    parser.add_argument("--force", action="store_true",
-                        help="overwrite files that exist with other content (never your conftest.py: init appends to it)")  # fmt: skip
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite files that exist with other content (never your conftest.py: init appends to it)",
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -183,16 +186,23 @@ def run(ns: argparse.Namespace) -> int:
         print(f"perfsuite init: {exc}", file=sys.stderr)
         return 2
     except FileExistsError as exc:
-        print(f"perfsuite init: these files exist with other content, so nothing was written: {exc}. "
-              "Move them away, or overwrite them with --force", file=sys.stderr)  # fmt: skip
+        print(
+            f"perfsuite init: these files exist with other content, so nothing was written: {exc}. "
+            "Move them away, or overwrite them with --force",
+            file=sys.stderr,
+        )
         return 2
     for path in done.written:
         print(f"wrote {ns.root / path}")
     for path in done.added:
-        print(f"kept your {ns.root / path} (at the root, it already puts the repository on the import path) "
-              "and appended perfsuite's note to it as comments: where your runners' profiles go")  # fmt: skip
+        print(
+            f"kept your {ns.root / path} (at the root, it already puts the repository on the import path) "
+            "and appended perfsuite's note to it as comments: where your runners' profiles go"
+        )
     if not done.written and not done.added:
         print(f"perfsuite init: {ns.root} is already set up ({len(done.unchanged)} files as init writes them)")
-    print(f"next: record this machine's baselines with `{RECORD}` (in {ns.root}), commit baselines/, then "
-          "`pytest bench_tests` judges every run against them")  # fmt: skip
+    print(
+        f"next: record this machine's baselines with `{RECORD}` (in {ns.root}), commit baselines/, then "
+        "`pytest bench_tests` judges every run against them"
+    )
     return 0

@@ -48,8 +48,11 @@ def how_installed(distribution: str = "perfsuite") -> Install:
         return _from_checkout(named, Path(unquote(urlparse(url).path))) or pinned
     if url.startswith(("https://", "http://")):
         return Install(f"{named} @ {url}", f"the archive {url}")
-    return Install(pinned.requirement, f"version {dist.version}: installed here from {url}; put that wheel in the "
-                                       "runner's wheelhouse (repository variable PERFSUITE_WHEELHOUSE)")  # fmt: skip
+    return Install(
+        pinned.requirement,
+        f"version {dist.version}: installed here from {url}; put that wheel in the "
+        "runner's wheelhouse (repository variable PERFSUITE_WHEELHOUSE)",
+    )
 
 
 def _from_checkout(named: str, folder: Path) -> Install | None:

@@ -112,10 +112,14 @@ def check_auto(config: Mapping[str, Any]) -> None:
     unfilled = [key for key in keys if key not in TRAINER_SOURCES or missing]
     if not unfilled:
         return
-    named = ", ".join(f"{key} (the Trainer uses {TRAINER_SOURCES[key]})" if key in TRAINER_SOURCES else key
-                      for key in unfilled)  # fmt: skip
-    why = (f"{' and '.join(missing)} is not installed, so perfsuite cannot fill them as transformers' Trainer "
-           "does" if missing else "transformers' Trainer does not fill those either")  # fmt: skip
+    named = ", ".join(
+        f"{key} (the Trainer uses {TRAINER_SOURCES[key]})" if key in TRAINER_SOURCES else key for key in unfilled
+    )
+    why = (
+        f"{' and '.join(missing)} is not installed, so perfsuite cannot fill them as transformers' Trainer does"
+        if missing
+        else "transformers' Trainer does not fill those either"
+    )
     raise OptionError(f'has "auto" for {named}: {why}; give each a value')
 
 
@@ -194,8 +198,9 @@ else:
 @functools.lru_cache(maxsize=16)
 def _op_problem(builder: str, device: str) -> str:
     try:
-        done = subprocess.run([sys.executable, "-c", _OP_CHECK, builder, device], capture_output=True, text=True,
-                              timeout=300, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", _OP_CHECK, builder, device], capture_output=True, text=True, timeout=300, check=False
+        )
         answer = json.loads(done.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, OSError, IndexError, ValueError):
         return "the child interpreter asking DeepSpeed failed"

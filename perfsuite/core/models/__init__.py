@@ -285,16 +285,24 @@ class ModelSpec:
                 if getattr(self, name):
                     raise fail(owner, name, "is for family 'hf' only (ModelSpec.hf)")
             if self.config and self.family not in TRANSFORMERS_FAMILIES:
-                raise fail(owner, "config", f"is for transformers' families only ({', '.join(TRANSFORMERS_FAMILIES)}, "
-                           "hf); family megatron_gpt is perfsuite's own")  # fmt: skip
+                raise fail(
+                    owner,
+                    "config",
+                    f"is for transformers' families only ({', '.join(TRANSFORMERS_FAMILIES)}, "
+                    "hf); family megatron_gpt is perfsuite's own",
+                )
             self._check_config_json(owner)
             return
         owner = f"model {self.source}"
         if not isinstance(self.source, str) or not self.source:
             raise fail(owner, "source", f"must name a transformers model type, got {self.source!r}")
         if "/" in self.source:
-            raise fail(owner, "source", f"names the Hub model {self.source!r}, which would need the network: perfsuite "
-                       "builds models offline, from a model type with config fields or a local config.json")  # fmt: skip
+            raise fail(
+                owner,
+                "source",
+                f"names the Hub model {self.source!r}, which would need the network: perfsuite "
+                "builds models offline, from a model type with config fields or a local config.json",
+            )
         check_choice(owner, "task", self.task, HF_TASKS)
         self._check_config_json(owner)
 
@@ -349,8 +357,12 @@ def _stored_keys(model_type: str) -> Mapping[str, str]:
     when a scenario file calls it (a rank decodes the finished spec and never calls it)."""
     found = hf_attribute_map(model_type)
     if found is None:
-        raise fail(f"model {model_type}", "source", "could not be read: the child interpreter asking transformers "
-                   "for this type's config keys failed (is the machine short of memory or time?)")  # fmt: skip
+        raise fail(
+            f"model {model_type}",
+            "source",
+            "could not be read: the child interpreter asking transformers "
+            "for this type's config keys failed (is the machine short of memory or time?)",
+        )
     return found
 
 

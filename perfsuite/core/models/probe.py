@@ -89,8 +89,14 @@ def check_callable(reference: str, rank_path: str) -> str:
     """What is wrong with a ``package.module:function`` reference ("" when a child interpreter,
     on ``rank_path``, the ranks' PYTHONPATH, imports it and finds a callable there)."""
     try:
-        done = subprocess.run([sys.executable, "-c", _CALLABLE, reference], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, env={**os.environ, "PYTHONPATH": rank_path}, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", _CALLABLE, reference],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            env={**os.environ, "PYTHONPATH": rank_path},
+            check=False,
+        )
         answer = json.loads(done.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, OSError, IndexError, ValueError):
         return f"{reference!r} could not be checked: the child interpreter importing it failed"
@@ -144,8 +150,9 @@ def hf_attribute_map(model_type: str) -> Mapping[str, str] | None:
 def _ask(code: str, argument: str) -> Any:
     """What a child interpreter running ``code`` printed as JSON (None when it failed)."""
     try:
-        done = subprocess.run([sys.executable, "-c", code, argument], capture_output=True, text=True, timeout=120,
-                              check=True)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", code, argument], capture_output=True, text=True, timeout=120, check=True
+        )
         return json.loads(done.stdout)
     except (subprocess.SubprocessError, ValueError, OSError):
         return None

@@ -86,9 +86,12 @@ class Collective(BaseScenario):
 
     def rank_spec(self) -> CollectiveSpec:
         return CollectiveSpec(
-            **self.spec_fields(), op=self.op, size_bytes=self.size_bytes,
-            dtype=self.dtype, iterations=self.iterations,
-        )  # fmt: skip
+            **self.spec_fields(),
+            op=self.op,
+            size_bytes=self.size_bytes,
+            dtype=self.dtype,
+            iterations=self.iterations,
+        )
 
     def to_config(self) -> dict[str, Any]:
         return {

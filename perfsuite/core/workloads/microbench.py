@@ -178,10 +178,15 @@ class Microbench(BaseScenario):
 
     def rank_spec(self) -> MicrobenchSpec:
         return MicrobenchSpec(
-            **self.spec_fields(), op=self.op, dtype=self.dtype,
-            shape=self.shape, iterations=self.iterations, layer=self.layer, layer_pass=self.layer_pass,
+            **self.spec_fields(),
+            op=self.op,
+            dtype=self.dtype,
+            shape=self.shape,
+            iterations=self.iterations,
+            layer=self.layer,
+            layer_pass=self.layer_pass,
             search=self.search,
-        )  # fmt: skip
+        )
 
     def to_config(self) -> dict[str, Any]:
         config = {**super().to_config(), "op": self.op, "dtype": self.dtype, "shape": list(self.shape)}
@@ -232,9 +237,10 @@ class DeviceCopy(BaseScenario):
 
     def rank_spec(self) -> CopySpec:
         return CopySpec(
-            **self.spec_fields(), size_bytes=self.size_bytes,
+            **self.spec_fields(),
+            size_bytes=self.size_bytes,
             iterations=self.iterations,
-        )  # fmt: skip
+        )
 
     def to_config(self) -> dict[str, Any]:
         return {

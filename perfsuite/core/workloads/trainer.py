@@ -219,11 +219,17 @@ class TrainerScenario(BaseScenario):
 
     def rank_spec(self) -> TrainerSpec:
         return TrainerSpec(
-            **self.spec_fields(), model=self.model, precision=self.precision,
-            per_device_batch=self.per_device_batch, grad_accum=self.grad_accum, train_samples=self.train_samples,
-            eval_samples=self.eval_samples, epochs=self.epochs, seq_len=self.seq_len,
+            **self.spec_fields(),
+            model=self.model,
+            precision=self.precision,
+            per_device_batch=self.per_device_batch,
+            grad_accum=self.grad_accum,
+            train_samples=self.train_samples,
+            eval_samples=self.eval_samples,
+            epochs=self.epochs,
+            seq_len=self.seq_len,
             optimizer_steps=self.optimizer_steps,
-        )  # fmt: skip
+        )
 
     def to_config(self) -> dict[str, Any]:
         return {

@@ -66,8 +66,16 @@ def options(ns: argparse.Namespace) -> Options:
     chosen = tuple(name for given in ns.profile or () for name in given.split(",")) or tuple(PROFILES)
     max_pairs = ns.max_pairs or sequential.MAX_PAIRS
     Design(FINE_EFFECT, max_pairs=max_pairs)  # its ValueError names the limits
-    return Options(chosen, ns.baselines, ns.levels or LEVELS, ns.draws, max_pairs, ns.seed, min(1000, ns.draws),
-                   min(ROW_DRAWS, ns.draws))  # fmt: skip
+    return Options(
+        chosen,
+        ns.baselines,
+        ns.levels or LEVELS,
+        ns.draws,
+        max_pairs,
+        ns.seed,
+        min(1000, ns.draws),
+        min(ROW_DRAWS, ns.draws),
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -173,8 +181,14 @@ def ab_block(row: Row, design: Design, note: str, rng: np.random.Generator, draw
         yield line.rstrip()
 
 
-def own_code(paired: model.PairDraws, design: Design, slowdown: float, codes: NDArray[np.int64],
-             spent: NDArray[np.int64], check: int) -> str:  # fmt: skip
+def own_code(
+    paired: model.PairDraws,
+    design: Design,
+    slowdown: float,
+    codes: NDArray[np.int64],
+    spent: NDArray[np.int64],
+    check: int,
+) -> str:
     """Whether the first ``check`` draws, each a whole ``abtest.run_ab``, end as the vectorised
     model says: the same verdict after the same number of pairs ("" when none are checked)."""
     if not check:

@@ -109,9 +109,13 @@ def ab_detectable(row: Row, design: Design, draws: int = 4000, seed: int = 0) ->
 
 
 def minimum_detectable(
-    baseline: BaselineEntry, profile: HardwareProfile, pairs: int | None = None, noise: ProfileNoise | None = None,
-    confirm: int = 1, min_effect: float | None = None,
-) -> float | None:  # fmt: skip
+    baseline: BaselineEntry,
+    profile: HardwareProfile,
+    pairs: int | None = None,
+    noise: ProfileNoise | None = None,
+    confirm: int = 1,
+    min_effect: float | None = None,
+) -> float | None:
     """The smallest slowdown a scenario's gate catches 9 times in 10, from its own stored spread.
 
     ``pairs=None``: the stored-baseline gate with ``confirm`` confirmations; else the sequential A/B
@@ -159,8 +163,9 @@ def _noise_for(profile: HardwareProfile) -> ProfileNoise:
         return noise_of("nvidia-h100-80gb-hbm3-x1" if profile.device == "cuda" else "cpu")
 
 
-def sensitivity(baseline: BaselineEntry, profile: HardwareProfile, confirm: int = 1,
-                min_effect: float | None = None) -> str:  # fmt: skip
+def sensitivity(
+    baseline: BaselineEntry, profile: HardwareProfile, confirm: int = 1, min_effect: float | None = None
+) -> str:
     """What a just-recorded baseline lets its gate see, in words ("" without a stored spread): the
     smallest slowdown caught 9 times in 10 by the stored-baseline gate and by the sequential A/B
     (``ab-rev``, ``--perf-ab``) of the default design, with the pairs that A/B spends on average.
@@ -172,12 +177,16 @@ def sensitivity(baseline: BaselineEntry, profile: HardwareProfile, confirm: int 
     effect, whose = (min_effect, "the scenario's") if min_effect is not None else min_effect_of(baseline, profile)
     design = Design(effect)
     ab = ab_detectable(row, design)
-    blind = (f"none at any size (its steps spread {row.step_cv:.0%} over {row.steps} steps: too many runs come out "
-             f"unreliable against the profile's {profile.max_cv:.0%} limit; measure more steps)")  # fmt: skip
+    blind = (
+        f"none at any size (its steps spread {row.step_cv:.0%} over {row.steps} steps: too many runs come out "
+        f"unreliable against the profile's {profile.max_cv:.0%} limit; measure more steps)"
+    )
     caught, spent = (ab.slowdown, f" in {ab.mean_pairs:.1f} pairs on average") if ab is not None else (None, "")
-    return (f"caught 9 times in 10 (selftest --simulate's model of this row's spread): a slowdown of "
-            f"{_said(gate) if gate is not None else blind} by this gate, {_said(caught)} by the sequential A/B "
-            f"(ab-rev, --perf-ab){spent} (at most {design.max_pairs}; minimum effect {share(effect)}, {whose})")  # fmt: skip
+    return (
+        f"caught 9 times in 10 (selftest --simulate's model of this row's spread): a slowdown of "
+        f"{_said(gate) if gate is not None else blind} by this gate, {_said(caught)} by the sequential A/B "
+        f"(ab-rev, --perf-ab){spent} (at most {design.max_pairs}; minimum effect {share(effect)}, {whose})"
+    )
 
 
 def _said(slowdown: float | None) -> str:

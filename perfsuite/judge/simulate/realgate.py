@@ -28,16 +28,25 @@ from perfsuite.store.baselines import BaselineEntry
 
 METRIC = "samples_per_s"
 #: Any training row judges samples/s as its primary metric; its shape does not enter a verdict.
-SCENARIO = Scenario("simulated", "row", ModelSpec("bert", 1, 32, 2, 512, 32), world_size=1, micro_batch=2,
-                    global_batch=2, seq_len=16, steps=20)  # fmt: skip
+SCENARIO = Scenario(
+    "simulated",
+    "row",
+    ModelSpec("bert", 1, 32, 2, 512, 32),
+    world_size=1,
+    micro_batch=2,
+    global_batch=2,
+    seq_len=16,
+    steps=20,
+)
 #: Baseline and run on one machine, so no machine note and no cpu ``other_machine``.
 FINGERPRINT: dict[str, Any] = {"gpus": [], "gpu_count": 0, "processor": {"model": "simulated"}}
 CODES = {"pass": PASS, "improved": PASS, "regression": REGRESSION, "unreliable": UNRELIABLE}
 
 
 def _measurement(mean: float, std: float, n: int) -> Measurement:
-    metrics = ScenarioMetrics(values={METRIC: Summary(mean, std, n)}, step_time_median_s=0.0, step_time_p90_s=0.0,
-                              step_times_s=[])  # fmt: skip
+    metrics = ScenarioMetrics(
+        values={METRIC: Summary(mean, std, n)}, step_time_median_s=0.0, step_time_p90_s=0.0, step_times_s=[]
+    )
     return Measurement((LaunchOutcome("ok", ()),), metrics)
 
 

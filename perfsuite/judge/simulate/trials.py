@@ -60,16 +60,29 @@ H100 = "nvidia-h100-80gb-hbm3-x1"
 DETECTION = [(0.0, 2, 0), (3.0, 2, 2), (5.0, 2, 2), (10.0, 2, 2)]
 
 
-def _levels(profile: str, scenario: str, session: str, baseline: str, source: str,
-            counts: Sequence[tuple[float, int, int]], worst: float | None = None) -> list[Trials]:  # fmt: skip
+def _levels(
+    profile: str,
+    scenario: str,
+    session: str,
+    baseline: str,
+    source: str,
+    counts: Sequence[tuple[float, int, int]],
+    worst: float | None = None,
+) -> list[Trials]:
     return [
         Trials(profile, scenario, pct / 100, n, k, session, baseline, source, worst=None if pct else worst)
         for pct, n, k in counts
     ]
 
 
-def _ab(scenario: str, pairs: int, tolerance: float, source: str, counts: Sequence[tuple[float, int, int]],
-        worst: float | None = None) -> list[Trials]:  # fmt: skip
+def _ab(
+    scenario: str,
+    pairs: int,
+    tolerance: float,
+    source: str,
+    counts: Sequence[tuple[float, int, int]],
+    worst: float | None = None,
+) -> list[Trials]:
     found = [
         Trials("cpu", scenario, pct / 100, n, k, "ab", "ab", source, "ab", pairs, tolerance) for pct, n, k in counts
     ]
@@ -114,8 +127,9 @@ class Simulated:
         return float(np.mean(self.failed >= k) if more else np.mean(self.failed <= k))
 
 
-def simulate(trials: Sequence[Trials], rows: Callable[[Trials], Row], rules: model.Rules, histories: int,
-             seed: int = 0) -> list[Simulated]:  # fmt: skip
+def simulate(
+    trials: Sequence[Trials], rows: Callable[[Trials], Row], rules: model.Rules, histories: int, seed: int = 0
+) -> list[Simulated]:
     """Every entry over ``histories`` histories sharing session offsets and baselines as they did."""
     rng = np.random.default_rng(seed)
     offsets: dict[str, model.Array] = {}

@@ -180,10 +180,16 @@ def trainer_filled(config: dict[str, Any], ctx: StrategyContext) -> dict[str, An
 
     defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments) if f.init}
     args = types.SimpleNamespace(
-        **{**defaults, "world_size": ctx.layout.dp, "per_device_train_batch_size": ctx.micro_batch,
-           "gradient_accumulation_steps": ctx.grad_accum, "learning_rate": ctx.lr,
-           "fp16": ctx.precision == "fp16", "bf16": ctx.precision == "bf16"},
-    )  # fmt: skip
+        **{
+            **defaults,
+            "world_size": ctx.layout.dp,
+            "per_device_train_batch_size": ctx.micro_batch,
+            "gradient_accumulation_steps": ctx.grad_accum,
+            "learning_rate": ctx.lr,
+            "fp16": ctx.precision == "fp16",
+            "bf16": ctx.precision == "bf16",
+        },
+    )
     args.get_warmup_steps = functools.partial(TrainingArguments.get_warmup_steps, args)
     model = types.SimpleNamespace(config=types.SimpleNamespace(hidden_size=ctx.hidden)) if ctx.hidden else None
     filled = HfTrainerDeepSpeedConfig(config)

@@ -129,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         status: RankStatus = "oom" if is_oom(exc) else "crash"
         allocations = recorder.summary if recorder is not None else None
-        report = RankReport(rank=ctx.rank, status=status, error=f"{type(exc).__name__}: {exc}"[:2000],
-                            op_profile=allocations)  # fmt: skip
+        report = RankReport(
+            rank=ctx.rank, status=status, error=f"{type(exc).__name__}: {exc}"[:2000], op_profile=allocations
+        )
         code = 1
     reporter.write(report)
     if code == 0:  # on failure the phase file keeps where the rank failed

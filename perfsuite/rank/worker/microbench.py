@@ -73,9 +73,14 @@ def build_layer(layer: str, hidden: int, heads: int, ffn: int) -> nn.Module:
         gpt2._attn_implementation = "sdpa"
         return GPT2Block(gpt2, layer_idx=0)
     t5 = T5Config(
-        d_model=hidden, num_heads=heads, d_kv=hidden // heads, d_ff=ffn, use_cache=False,
-        is_decoder=layer == "t5_decoder", is_encoder_decoder=False,
-    )  # fmt: skip
+        d_model=hidden,
+        num_heads=heads,
+        d_kv=hidden // heads,
+        d_ff=ffn,
+        use_cache=False,
+        is_decoder=layer == "t5_decoder",
+        is_encoder_decoder=False,
+    )
     return T5Block(t5, layer_idx=0)
 
 

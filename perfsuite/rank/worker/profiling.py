@@ -46,8 +46,9 @@ def run_profiled(
     stats = summarise(prof.events(), steps)
     kept = _write_trace(prof, trace) if trace is not None else ""
     processing_s = time.perf_counter() - started
-    return OpProfile(kind, steps, statistics.fmean(times), unprofiled_step_s, top(stats, kind),
-                     processing_s=processing_s, trace=kept)  # fmt: skip
+    return OpProfile(
+        kind, steps, statistics.fmean(times), unprofiled_step_s, top(stats, kind), processing_s=processing_s, trace=kept
+    )
 
 
 def summarise(events: Iterable[Any], steps: int) -> list[OpStat]:
@@ -66,8 +67,10 @@ def summarise(events: Iterable[Any], steps: int) -> list[OpStat]:
         row[1] += event.self_cpu_time_total
         row[2] += _self_device_us(event)
         row[3] += max(0, event.self_cpu_memory_usage) + max(0, getattr(event, "self_device_memory_usage", 0))
-    return [OpStat(name, calls / steps, cpu / steps, dev / steps, mem / steps)
-            for name, (calls, cpu, dev, mem) in totals.items()]  # fmt: skip
+    return [
+        OpStat(name, calls / steps, cpu / steps, dev / steps, mem / steps)
+        for name, (calls, cpu, dev, mem) in totals.items()
+    ]
 
 
 def _owner(event: Any) -> str:

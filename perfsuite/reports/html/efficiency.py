@@ -47,8 +47,10 @@ def cost_groups(document: Mapping[str, Any]) -> list[GroupCosts]:
         by_cost = order.get("by_cost") or []
         # A job's cost is in the by-cost list only (priced entries), its hours in both.
         jobs = {str(e["id"]): e.get("job") or {} for e in by_cost}
-        rows = [_cost_row(entry, by_id.get(entry["id"]), jobs.get(entry["id"], {}) if with_job else None)
-                for entry in order["by_time"]]  # fmt: skip
+        rows = [
+            _cost_row(entry, by_id.get(entry["id"]), jobs.get(entry["id"], {}) if with_job else None)
+            for entry in order["by_time"]
+        ]
         cheapest = " < ".join(str(e["id"]) for e in by_cost)
         groups.append(GroupCosts(group, COST_COLUMNS + (JOB_COLUMNS if with_job else ()), rows, cheapest))
     return groups
@@ -86,8 +88,9 @@ def achieved(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
         tflops = ceiling.get("achieved_tflops_per_rank", mfu.get("achieved_tflops_per_gpu"))
         precision = str((result.get("config") or {}).get("precision", "-"))
         peak = str(mfu.get("peak_source") or mfu.get("note") or "-")
-        rows.append((result["id"], precision, _number(tflops), _percent(ceiling.get("value")),
-                     _percent(mfu.get("value")), peak))  # fmt: skip
+        rows.append(
+            (result["id"], precision, _number(tflops), _percent(ceiling.get("value")), _percent(mfu.get("value")), peak)
+        )
     return rows
 
 

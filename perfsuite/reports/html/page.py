@@ -65,8 +65,14 @@ def _machine(machine: Mapping[str, Any]) -> list[tuple[str, str]]:
     packages = ", ".join(f"{k} {v}" for k, v in (machine.get("packages") or {}).items())
     proc = machine.get("processor")
     cpu = processors.describe(proc) if isinstance(proc, Mapping) else machine.get("cpu")
-    facts = [("host", machine.get("host")), ("cpu", cpu), ("cpus", machine.get("cpu_count")),
-             ("gpus", gpus or "none"), ("python", machine.get("python")), ("packages", packages)]  # fmt: skip
+    facts = [
+        ("host", machine.get("host")),
+        ("cpu", cpu),
+        ("cpus", machine.get("cpu_count")),
+        ("gpus", gpus or "none"),
+        ("python", machine.get("python")),
+        ("packages", packages),
+    ]
     return [(k, str(v)) for k, v in facts if v not in (None, "")]
 
 
@@ -104,6 +110,5 @@ def _trends(document: Mapping[str, Any], directory: Path) -> list[dict[str, Any]
             f"p={c.p_value:.3f})"
             for c in changes
         ]
-        charts.append({"title": title, "chart": plots.trend(points, changes, title, res.unit(name)),
-                       "changes": notes})  # fmt: skip
+        charts.append({"title": title, "chart": plots.trend(points, changes, title, res.unit(name)), "changes": notes})
     return charts

@@ -73,8 +73,14 @@ def _step_times(ax: Axes, result: res.Result) -> None:
     warmup = [float(t) for t in metrics.get("warmup_times_s") or []]
     measured = [float(t) for t in metrics["step_times_s"]]
     ax.plot(range(1, len(warmup) + 1), warmup, "o-", color=WARMUP, markersize=3, label="warmup")
-    ax.plot(range(len(warmup) + 1, len(warmup) + len(measured) + 1), measured, "o-", color=MEASURED, markersize=3,
-            label="measured")  # fmt: skip
+    ax.plot(
+        range(len(warmup) + 1, len(warmup) + len(measured) + 1),
+        measured,
+        "o-",
+        color=MEASURED,
+        markersize=3,
+        label="measured",
+    )
     band = baseline_band(result)
     if band is not None:
         at, low, high, limit = band
@@ -135,8 +141,15 @@ def trend(points: Sequence[Point], changes: Sequence[ChangePoint], title: str, u
     ax.errorbar(xs, [p.value for p in points], yerr=errors, fmt="o-", color=MEASURED, markersize=3, capsize=2)
     for change in changes:
         ax.axvline(change.index - 0.5, color=COLORS["bad"], linestyle="--", linewidth=1)
-        ax.annotate(f"{change.rel_change:+.1%}", (change.index - 0.5, 1), xycoords=("data", "axes fraction"),
-                    color=COLORS["bad"], fontsize=8, ha="left", va="top")  # fmt: skip
+        ax.annotate(
+            f"{change.rel_change:+.1%}",
+            (change.index - 0.5, 1),
+            xycoords=("data", "axes fraction"),
+            color=COLORS["bad"],
+            fontsize=8,
+            ha="left",
+            va="top",
+        )
     ax.set_xticks(xs, [(p.commit or "?")[:7] for p in points], rotation=45, fontsize=7, ha="right")
     ax.set_title(title, fontsize=9)
     ax.set_ylabel(unit)
