@@ -12,12 +12,40 @@ side, torch-free.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from perfsuite.core.engines import MissingPackage
 from perfsuite.core.profiles import HardwareProfile
 from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.launch.torchrun import Topology, TopologyError
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A resolved scenario as this machine runs it: at the world size its GPUs hold, why it cannot
+    launch here (None if it can), and the engine package whose absence that is (a run groups such
+    rows by the extra to install, and ``doctor`` fails on them)."""
+
+    scenario: BaseScenario
+    skip: str | None = None
+    missing: MissingPackage | None = None
+
+
+def fit(
+    resolved: BaseScenario,
+    profile: HardwareProfile,
+    fingerprint: Mapping[str, Any],
+    topology: Topology | None,
+    env_problem: str | None,
+) -> Fit:
+    """``resolved`` fitted to this machine and judged launchable, in one decision: ``env_problem``
+    (why its Python environment cannot run here) comes first, then :func:`launch_precondition`."""
+    fitted = fit_to_hardware(resolved, profile, fingerprint, topology)
+    if env_problem is not None:
+        return Fit(fitted, env_problem)
+    skip = launch_precondition(fitted, profile, fingerprint, topology)
+    return Fit(fitted, skip, launch_missing(fitted, profile) if skip is not None else None)
 
 
 def fit_to_hardware(

@@ -19,12 +19,11 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from perfsuite.core.engines import MissingPackage
 from perfsuite.core.profiles import HardwareProfile
 from perfsuite.core.relations import Relation, RelationOutcome, evaluate
 from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.gate import recording
-from perfsuite.gate.fitting import fit_to_hardware, launch_missing, launch_precondition
+from perfsuite.gate.fitting import Fit, fit, launch_precondition
 from perfsuite.gate.launching import Launches
 from perfsuite.gate.profiling import OpProfiles
 from perfsuite.gate.settings import RunSettings
@@ -171,9 +170,10 @@ class PerfSession:
         return self.results[scenario.id]
 
     def _run(self, scenario: BaseScenario) -> ScenarioResult:
-        scenario, skip = self._fit(scenario)
-        if skip:
-            return ScenarioResult(scenario, "skipped", Judgement("skipped", skip), missing=self.missing(scenario))
+        fitted = self._fit(scenario)
+        if fitted.skip is not None:
+            return ScenarioResult(fitted.scenario, "skipped", Judgement("skipped", fitted.skip), missing=fitted.missing)
+        scenario = fitted.scenario
         env = self.env_of(scenario)
         baseline = self.store_for(env).get(scenario.group, scenario.id)
         attempts: list[dict[str, Any]] = []
@@ -288,31 +288,25 @@ class PerfSession:
 
     def _precondition(self, scenario: BaseScenario, env: str | None = None) -> str | None:
         """Why a prepared ``scenario`` cannot launch in ``env`` (default: its own) here (None if it can)."""
-        env = env or self.env_of(scenario)
+        problem = self._env_problem(env or self.env_of(scenario))
+        if problem is not None:
+            return problem
+        return launch_precondition(scenario, self.profile, self.fingerprint, self.launches.topology(scenario))
+
+    def _env_problem(self, env: str) -> str | None:
+        """Why the Python environment ``env`` cannot run scenarios here (None if it can)."""
         if env not in self.settings.envs:
             return f"environment {env!r} is not given{build_hint(env)}"
-        missing = self.settings.envs[env].missing()
-        if missing:
-            return missing
-        topology = self.launches.topology(scenario)
-        return launch_precondition(scenario, self.profile, self.fingerprint, topology)
+        return self.settings.envs[env].missing()
 
-    def missing(self, scenario: BaseScenario) -> MissingPackage | None:
-        """The engine package whose absence is why a prepared ``scenario`` skips here (None when
-        another reason comes first, as :meth:`_precondition` checks them, or it runs)."""
-        env = self.env_of(scenario)
-        if env not in self.settings.envs or self.settings.envs[env].missing():
-            return None
-        return launch_missing(scenario, self.profile)
-
-    def prepare(self, scenario: BaseScenario) -> tuple[BaseScenario, str]:
-        """``scenario`` as this profile and machine run it, and why it must skip ("" if it can run)."""
+    def prepare(self, scenario: BaseScenario) -> Fit:
+        """``scenario`` as this profile and machine run it, and why it must skip."""
         return self._fit(scenario.resolve(self.profile.variant_keys))
 
-    def _fit(self, resolved: BaseScenario) -> tuple[BaseScenario, str]:
-        """A resolved scenario at the world size the hardware holds, and why it must skip ("" if it can run)."""
-        fitted = fit_to_hardware(resolved, self.profile, self.fingerprint, self.launches.topology(resolved))
-        return fitted, self._precondition(fitted) or ""
+    def _fit(self, resolved: BaseScenario) -> Fit:
+        """A resolved scenario at the world size the hardware holds, and why it must skip."""
+        topology = self.launches.topology(resolved)  # by its node count, which fitting keeps
+        return fit(resolved, self.profile, self.fingerprint, topology, self._env_problem(self.env_of(resolved)))
 
     def launch_once(self, scenario: BaseScenario, env: str, slowdown_pct: float = 0.0) -> OneLaunch:
         """One fresh launch of a prepared scenario in ``env``, nothing judged or recorded."""

@@ -56,10 +56,10 @@ class PythonEnv:
     def is_current(self) -> bool:
         return self.python == sys.executable
 
-    def missing(self) -> str:
-        """Why this interpreter cannot run ranks ("" if it can), with the command that builds it."""
+    def missing(self) -> str | None:
+        """Why this interpreter cannot run ranks (None if it can), with the command that builds it."""
         if Path(self.python).is_file() and os.access(self.python, os.X_OK):
-            return ""
+            return None
         return f"environment {self.name!r}: {self.python} is not an executable Python{build_hint(self.name)}"
 
     def probe(self, packages: tuple[str, ...]) -> dict[str, Any]:

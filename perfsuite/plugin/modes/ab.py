@@ -115,9 +115,10 @@ class ABMode(Mode):
             raise pytest.UsageError(f"--perf-ab-inject-slowdown must be a non-negative percentage, got {slowdown}")
 
     def check(self, session: PerfSession, scenario: BaseScenario, nodeid: str) -> ABResult:
-        resolved, skip = session.prepare(scenario)
-        if skip:
-            pytest.skip(f"{scenario.id}: {skip}")
+        fitted = session.prepare(scenario)
+        if fitted.skip is not None:
+            pytest.skip(f"{scenario.id}: {fitted.skip}")
+        resolved = fitted.scenario
         slowdown = self.config.getoption("--perf-ab-inject-slowdown")
         tolerances = gated(resolved.primary, compared(resolved), resolved.tolerances, session.profile)
 

@@ -251,13 +251,16 @@ def trial_of(micro_batch: int, global_batch: int, measurement: Measurement, prim
     return Trial(micro_batch, global_batch, outcome.status, message=why, wall_s=wall_s)
 
 
-def resolved_here(session: PerfSession, scenario: BaseScenario) -> tuple[BaseScenario, str]:
+def resolved_here(session: PerfSession, scenario: BaseScenario) -> tuple[BaseScenario, str | None]:
     """``scenario`` as the session's own run launches it on this profile and
-    machine, and why it gets no search here ("" if it does)."""
-    fitted, skip = session.prepare(scenario)
-    if not isinstance(fitted, Scenario):
-        return fitted, f"{FLAG} searches the micro-batch of train scenarios; this is a {fitted.kind} scenario"
-    return fitted, skip
+    machine, and why it gets no search here (None if it does)."""
+    fitted = session.prepare(scenario)
+    if not isinstance(fitted.scenario, Scenario):
+        return (
+            fitted.scenario,
+            f"{FLAG} searches the micro-batch of train scenarios; this is a {fitted.scenario.kind} scenario",
+        )
+    return fitted.scenario, fitted.skip
 
 
 __all__ = ["MaxBatchResult", "MaxBatchSearch", "Trial", "resolved_here", "trial_runner"]

@@ -76,7 +76,7 @@ class MaxBatchMode(Mode):
         """Search ``scenario`` once per session; a search that stopped on a crash fails the test."""
         if scenario.id not in self.results:
             resolved, why = resolved_here(session, scenario)
-            if why or not isinstance(resolved, Scenario):
+            if why is not None or not isinstance(resolved, Scenario):
                 pytest.skip(f"{scenario.id}: {why}")
             start = self.config.getoption(START_FLAG) or resolved.micro_batch
             limit = self.config.getoption(LIMIT_FLAG)
