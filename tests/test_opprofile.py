@@ -211,7 +211,11 @@ def test_the_planted_slowdown_shows_under_its_own_region(project: pytest.Pyteste
     gate(project, project.path / "rec.json", "--perf-update-baselines").assert_outcomes(passed=1)
     slowed = gate(project, project.path / "slow.json", "--perf-inject-slowdown=200")
     slowed.assert_outcomes(failed=1)
-    slowed.stdout.fnmatch_lines([f"*g.s: regression: op profile: new op {PLANTED_REGION} +*"])
+    # The planted work counts under its region, never as the matmuls and tanh it ran. Another op
+    # may rank above it: a VM stall inside one op (aten::arange +44 ms/step, seen once) grows that op.
+    (line,) = [x for x in slowed.stdout.lines if x.startswith("g.s: regression: op profile:")]
+    assert f"new op {PLANTED_REGION} +" in line
+    assert "aten::mm" not in line and "aten::tanh" not in line
 
 
 def test_the_job_summary_and_the_page_show_the_diff_table(tmp_path: Path) -> None:
