@@ -162,6 +162,17 @@ def gate(project: pytest.Pytester, out: Path, *args: str) -> pytest.RunResult:
     )
 
 
+def unchanged_moves(project: pytest.Pytester, name: str) -> list[dict[str, object]]:
+    """The ops an unchanged, passing rerun (profiled anyway) moved beyond the diff's noise."""
+    same = gate(project, project.path / name, "--perf-op-profiles=always")
+    same.assert_outcomes(passed=1)
+    (result,) = json.loads((project.path / name).read_text())["results"]
+    if result["verdict"] != "pass":  # judged otherwise (an improvement): no diff to read
+        return []
+    noise = result["op_profile"]["diff"]["noise_us"]
+    return [c for c in result["op_profile"]["diff"]["changes"] if abs(c["delta_us"]) > noise]
+
+
 @pytest.mark.serial  # timings: a neighbouring test's launches would be contention
 def test_a_widened_ffn_regression_names_a_matmul_and_explain_reproduces_it(
     project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -176,14 +187,13 @@ def test_a_widened_ffn_regression_names_a_matmul_and_explain_reproduces_it(
     stored = project.path / "baselines" / "cpu" / "op_profiles" / "g.json"
     assert stored.exists() and len(stored.read_text()) <= MAX_SUMMARY_BYTES, "the op profile is stored, capped"
 
-    # The same code again, profiled although it passes: no op moves beyond the stated noise.
-    same = gate(project, project.path / "same.json", "--perf-op-profiles=always")
-    (result,) = json.loads((project.path / "same.json").read_text())["results"]
-    if result["verdict"] == "pass":
-        noise = result["op_profile"]["diff"]["noise_us"]
-        moved = [c for c in result["op_profile"]["diff"]["changes"] if abs(c["delta_us"]) > noise]
-        assert not moved, f"an unchanged rerun moved ops beyond {NOISE_SHARE:.0%} of a step: {moved}"
-    same.assert_outcomes(passed=1)
+    # The same code again, profiled although it passes: no op moves beyond the stated noise. As
+    # the gate confirms a regression, a second rerun confirms a move: a VM stall inside one op
+    # (aten::addmm 0.7 -> 2.2 ms/step in one CI run) rarely strikes twice.
+    moved = unchanged_moves(project, "same.json")
+    if moved:
+        moved = unchanged_moves(project, "same-again.json")
+    assert not moved, f"two unchanged reruns moved ops beyond {NOISE_SHARE:.0%} of a step: {moved}"
 
     monkeypatch.setenv("WIDEN_FFN", "8")
     out = project.path / "wide.json"
