@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfsuite.commands.cliargs import at_least, duration, fraction
+from perfsuite.commands.cliargs import at_least, duration, fraction, rate
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -253,23 +253,13 @@ def add_design_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--alpha",
-        type=_rate,
+        type=rate,
         default=sequential.ALPHA,
         metavar="RATE",
         help=f"how often it may say regression at no slowdown (default {sequential.ALPHA}); "
         "lower needs more pairs to catch a real one",
     )
     parser.add_argument("--tolerance", type=_gone, help=argparse.SUPPRESS)
-
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a rate such as 0.01") from None
-    if not 0 < value < 0.5:
-        raise argparse.ArgumentTypeError(f"must be a rate in (0, 0.5), e.g. 0.01, got {value}")
-    return value
 
 
 def _gone(text: str) -> float:

@@ -59,6 +59,11 @@ def probability(text: str) -> float:
     return _number_in(text, 1, f"{text!r} is not a number", "must be between 0 and 1")
 
 
+def rate(text: str) -> float:
+    """An error rate such as a test's alpha, strictly between 0 and 0.5."""
+    return _number_in(text, 0.5, f"{text!r}: give a rate such as 0.01", "must be a rate in (0, 0.5), e.g. 0.01")
+
+
 def fraction(text: str) -> float:
     """A slowdown fraction above 0, such as a minimum effect (``0.02``; ``2%`` is refused as ambiguous)."""
     return _number_in(

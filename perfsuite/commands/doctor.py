@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,7 @@ from perfsuite.core.models import ModelSpec
 from perfsuite.core.profiles import HardwareProfile
 from perfsuite.core.protocol import RankJob
 from perfsuite.core.workloads import Precision, Scenario, ScenarioError
-from perfsuite.core.workloads.base import BaseScenario
-from perfsuite.gate.fitting import fit_to_hardware, launch_missing, launch_precondition
+from perfsuite.gate.fitting import Fit, fit
 from perfsuite.judge.coverage import NotInstalled, Outcome, not_installed
 from perfsuite.launch.base import WorkerJob
 from perfsuite.launch.identity import describe_card, processor_text
@@ -134,14 +133,10 @@ def check_engines(
     return list(checks.values())
 
 
-def uninstalled(
-    reasons: Mapping[str, tuple[BaseScenario, str | None]], profile: HardwareProfile
-) -> tuple[NotInstalled, ...]:
+def uninstalled(fits: Iterable[Fit]) -> tuple[NotInstalled, ...]:
     """The scenarios that skip because their engine's package is not installed, by the extra to install."""
     return not_installed(
-        Outcome(scenario_id, "skipped", reason, missing=launch_missing(scenario, profile))
-        for scenario_id, (scenario, reason) in reasons.items()
-        if reason
+        Outcome(f.scenario.id, "skipped", f.skip, missing=f.missing) for f in fits if f.skip is not None
     )
 
 
@@ -189,16 +184,16 @@ def run(
         print(f"  {c.name:<16} {state}")
     print(f"  ({time.monotonic() - start:.0f} s)")
 
-    fitted = [fit_to_hardware(s.resolve(profile.variant_keys), profile, fingerprint, None) for s in scenarios]
-    reasons = {s.id: (s, launch_precondition(s, profile, fingerprint, None)) for s in fitted}
-    runs = sum(1 for _, reason in reasons.values() if not reason)
+    fits = [fit(s.resolve(profile.variant_keys), profile, fingerprint, None, None) for s in scenarios]
+    runs = sum(1 for f in fits if f.skip is None)
     print(f"\nscenarios in {' '.join(paths)}: {runs} would run, {len(scenarios) - runs} skip")
-    for scenario_id, (scenario, reason) in reasons.items():
-        print(f"  {scenario_id:<44} {f'run on {scenario.world_size} rank(s)' if not reason else 'skip: ' + reason}")
+    for f in fits:
+        state = f"run on {f.scenario.world_size} rank(s)" if f.skip is None else f"skip: {f.skip}"
+        print(f"  {f.scenario.id:<44} {state}")
 
     broken = [c for c in checks if c.broken]
     problems = [f"engine {c.name}: {c.import_error or c.smoke}" for c in broken]
-    problems += [group.describe() for group in uninstalled(reasons, profile)]
+    problems += [group.describe() for group in uninstalled(fits)]
     if errors:
         problems.append(f"{errors} benchmark module(s) failed to collect: run pytest --collect-only {' '.join(paths)}")
     if not scenarios:

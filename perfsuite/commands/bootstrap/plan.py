@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from perfsuite.core.profiles import HardwareProfile
 from perfsuite.core.workloads import BaseScenario
-from perfsuite.gate.fitting import fit_to_hardware, launch_precondition
+from perfsuite.gate.fitting import fit
 
 StepKind = Literal["doctor", "ceilings", "baseline", "cv", "selftest", "report"]
 #: All-reduces at least this large measure the interconnect's bus bandwidth (a ceiling).
@@ -181,8 +181,8 @@ def targets_for(
     targets: list[Target] = []
     not_here: dict[str, str] = {}
     for declared, nodeid in scenarios:
-        scenario = fit_to_hardware(declared.resolve(profile.variant_keys), profile, fingerprint, None)
-        reason = launch_precondition(scenario, profile, fingerprint, None)
+        fitted = fit(declared.resolve(profile.variant_keys), profile, fingerprint, None, None)
+        scenario, reason = fitted.scenario, fitted.skip
         if not reason and scenario.env:
             reason = f"runs in the Python environment {scenario.env!r}, which pytest gets with --perf-env"
         if reason:
