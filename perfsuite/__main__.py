@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -55,9 +54,9 @@ from perfsuite.commands import history as historycmd
 from perfsuite.commands import init as scaffold
 from perfsuite.commands import report as htmlreport_cli
 from perfsuite.commands.bootstrap import pool
-from perfsuite.commands.cliargs import at_least, duration, levels
+from perfsuite.commands.cliargs import INTERRUPTED, at_least, duration, levels
 from perfsuite.core.files import atomic_write_json
-from perfsuite.launch import warm
+from perfsuite.launch import procs, warm
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -223,7 +222,7 @@ def selftest(ns: argparse.Namespace, extra: list[str]) -> int:
                     f"--perf-json={out}",
                     *extra,
                 ]
-                code = subprocess.run(cmd, capture_output=True, check=False).returncode
+                code = procs.run_stoppable(cmd).returncode
                 if ns.ab:
                     found = ab_trials(out, cmd, code)
                     verdicts = [verdict for verdict, _, _ in found]
@@ -313,10 +312,23 @@ PYTEST_PASS_THROUGH = ("calibrate", "selftest", "bootstrap", "ab-rev", "bisect")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit status; Ctrl-C or SIGTERM (a cancelled job) stops it and whatever it
+    started (each command's own cleanup, :func:`perfsuite.launch.procs.run_stoppable`): exit 130."""
     parser = build_parser()
     ns, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if extra and ns.command not in PYTEST_PASS_THROUGH:
         parser.error(f"{ns.command}: unrecognized arguments: {' '.join(extra)}")
+    restore = procs.interrupt_on_sigterm()
+    try:
+        return dispatch(parser, ns, extra)
+    except KeyboardInterrupt as exc:
+        print(f"perfsuite {ns.command}: interrupted{f' ({exc})' if str(exc) else ''}", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        restore()
+
+
+def dispatch(parser: argparse.ArgumentParser, ns: argparse.Namespace, extra: list[str]) -> int:
     if ns.command == "selftest":
         if ns.simulate:
             from perfsuite.judge.simulate.cli import run as simulate

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
 import pytest
 
 from perfsuite.__main__ import main
@@ -277,6 +278,50 @@ def test_ctrl_c_leaves_no_worktree_and_no_scratch(tmp_path: Path) -> None:
     assert worktrees(repo) == 1
     assert not list(scratch.glob("perfsuite-bisect.*"))
     assert not git(repo, "status", "--porcelain")
+
+
+def processes_in(root: Path) -> list[psutil.Process]:
+    """Processes working under ``root``: a command's pytest sides run in its trees."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if Path(proc.cwd()).is_relative_to(root) and proc.pid != os.getpid():
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("command", [["bisect", "HEAD~2", "HEAD"], ["ab-rev", "HEAD~1"]], ids=["bisect", "ab-rev"])
+def test_sigterm_to_the_command_alone_stops_its_pytest_and_leaves_no_worktree_or_scratch(
+    tmp_path: Path, command: list[str]
+) -> None:
+    # A cancelled CI job or scancel sends SIGTERM to the command's process, not to a terminal's
+    # process group: the command must take its pytest side (and that side's ranks) down with it.
+    repo = tmp_path / "repo"
+    history(repo, 2, bench="import time\n\ndef test_hangs():\n    time.sleep(120)\n")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "perfsuite", *command],
+        cwd=repo,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not any(p.cmdline()[1:3] == ["-m", "pytest"] for p in processes_in(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # into the hanging test
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert not [p.cmdline() for p in processes_in(tmp_path)]
+    assert process.returncode == 130, err
+    assert "SIGTERM" in err
+    assert not list(scratch.glob("perfsuite-*"))
+    assert worktrees(repo) == 1
 
 
 # -- real A/Bs of a tiny cpu scenario ------------------------------------------------------------------

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import FAKE_NVML
 
@@ -333,6 +334,18 @@ def finished_steps(tmp_path: Path) -> list[str]:
     return [k for k, r in steps.items() if r["status"] == "done"]
 
 
+def processes_naming(path: Path) -> list[list[str]]:
+    """Command lines that name ``path``: a bootstrap's steps write their results under its out folder."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if any(str(path) in arg for arg in proc.cmdline()):
+                found.append(proc.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
 @pytest.mark.serial  # ~30 s alone, 3-4x that beside xdist's other worker: each step starts pytest, torchrun, ranks
 @pytest.mark.timeout(400)
 def test_a_cpu_bootstrap_killed_halfway_resumes_and_completes(tmp_path: Path) -> None:
@@ -347,8 +360,9 @@ def test_a_cpu_bootstrap_killed_halfway_resumes_and_completes(tmp_path: Path) ->
     deadline = time.monotonic() + 120
     while len(finished_steps(tmp_path)) < 2 and time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.2)
-    first.send_signal(signal.SIGTERM)
-    first.wait(timeout=60)
+    first.send_signal(signal.SIGTERM)  # to the bootstrap alone, as a cancelled job's runner sends it
+    assert first.wait(timeout=60) == 130
+    assert not processes_naming(tmp_path)  # its step's pytest (a session of its own) stopped with it
     done_before = finished_steps(tmp_path)
     assert {"doctor", "ceilings"} <= set(done_before), first.stdout.read() if first.stdout else ""
 

@@ -39,7 +39,7 @@ from perfsuite.judge import sequential
 from perfsuite.judge.abtest import ABResult, Trial, markdown_lines, summary_lines
 from perfsuite.judge.contention import Contention, contended
 from perfsuite.judge.results import OneLaunch
-from perfsuite.launch import warm
+from perfsuite.launch import procs, warm
 
 BASE, CANDIDATE = "base", "candidate"
 #: The headline metric the A/B judges; memory and exact bytes stay with the stored-baseline gate.
@@ -121,7 +121,7 @@ def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: 
     ]
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(root)}
     started = time.monotonic()
-    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, check=False)
+    done = procs.run_stoppable(argv, cwd=root, env=env)  # interrupted: its ranks stop with it
     if not out.exists():
         tail = (done.stdout + done.stderr).strip()[-1500:]
         raise RuntimeError(f"pytest in {root} wrote no results (exit {done.returncode}): {tail}")

@@ -6,29 +6,28 @@ pairs of whole pytest runs, until a regression, a pass (no slowdown of the minim
 more) or undecided. GOOD against BAD first, so a range without a slowdown costs one A/B; then
 ``ceil(log2(N))`` more for N commits. Each commit is checked out with ``git worktree add
 --detach`` in a scratch folder (the user's checkout is untouched) and every worktree is removed
-at the end, after an error and after Ctrl-C too. Undecided at any step stops the search with the
+at the end, after an error and after Ctrl-C or SIGTERM too. Undecided at any step stops the search with the
 range still open (exit 3): a guess would send someone to read the wrong commit. Torch-free.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from perfsuite.commands.abrev import BAD_INPUT, NOT_JUDGED, Settings, ab_trees, add_design_options, settings_of
+from perfsuite.commands.cliargs import INTERRUPTED
 from perfsuite.core.files import atomic_write_json
 from perfsuite.judge.abtest import ABResult
-from perfsuite.launch import warm
+from perfsuite.launch import procs, warm
 
 #: What to try when a step was not judged, by its verdict.
 ADVICE = {
@@ -37,8 +36,6 @@ ADVICE = {
     "error": "a side failed (the step's message says which); fix it or bisect a narrower range",
     "skipped": "a row the search follows could not run at that commit",
 }
-#: The shell's status for a run stopped by Ctrl-C (128 + SIGINT).
-INTERRUPTED = 130
 Outcome = Literal["found", "none", "undecided"]
 
 
@@ -156,16 +153,6 @@ class Worktrees:
             self.drop(commit)
         shutil.rmtree(self.scratch, ignore_errors=True)  # a worktree git would not remove goes too
         subprocess.run(["git", "-C", str(self.repo), "worktree", "prune"], capture_output=True, check=False)
-
-
-@contextlib.contextmanager
-def sigint_ignored() -> Iterator[None]:
-    """A second Ctrl-C must not stop the clean-up half way and leave worktrees behind."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @dataclass
@@ -375,11 +362,13 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
     except BadInput as exc:
         print(f"perfsuite bisect: {exc}", file=sys.stderr)
         return BAD_INPUT
-    except KeyboardInterrupt:
-        print("perfsuite bisect: interrupted; removing its worktrees", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (perfsuite's main makes it one)
+        print(
+            f"perfsuite bisect: interrupted{f' ({exc})' if str(exc) else ''}; removing its worktrees", file=sys.stderr
+        )
         return INTERRUPTED
     finally:
-        with sigint_ignored():
+        with procs.signals_held():
             trees.close()
 
 

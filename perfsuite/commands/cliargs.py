@@ -8,6 +8,9 @@ import argparse
 import re
 from collections.abc import Callable
 
+#: The exit status of a command stopped by Ctrl-C or SIGTERM: the shell's for SIGINT (128 + 2).
+INTERRUPTED = 130
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(s|m|h)?\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, None: 1}
 

@@ -1,4 +1,4 @@
-"""Process-tree cleanup for launched workers.
+"""Process-tree cleanup for launched workers, and for the pytest runs a command starts.
 
 torchrun starts every worker in a session of its own, so killing torchrun's
 process group would leave the workers (and any GPU memory they hold) behind.
@@ -13,8 +13,12 @@ import contextlib
 import os
 import platform
 import signal
+import subprocess
+import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -22,6 +26,9 @@ from perfsuite.core.protocol import LAUNCHER_VAR
 
 TOKEN_VAR = "PERFSUITE_RUN_TOKEN"
 GRACE_S = 5.0
+#: Seconds a command's child pytest gets between SIGTERM and SIGKILL: it stops its own agents
+#: and ranks first (:data:`GRACE_S` each), and writes its results.
+CHILD_GRACE_S = 15.0
 
 
 def launcher_env() -> dict[str, str]:
@@ -110,3 +117,81 @@ def dump_worker_stacks(token: str, settle_s: float = 2.0, sessions: Collection[i
             continue
     if sent:
         time.sleep(settle_s)  # faulthandler writes synchronously; leave time to flush
+
+
+def interrupt_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM (a cancelled CI job, Slurm's scancel) stop this process as Ctrl-C does, so
+    its cleanup stops every child, agent and rank before it exits; by default SIGTERM ends the
+    process at once and orphans them. Left alone when someone else already handles SIGTERM, or
+    off the main thread. Returns the finalizer that restores the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        return lambda: None
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return restore
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """A second Ctrl-C or SIGTERM must not stop a cleanup half way and leave things behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def stop_group(proc: subprocess.Popen[Any], grace_s: float = CHILD_GRACE_S) -> None:
+    """SIGTERM ``proc``'s process group (it leads a session of its own), SIGKILL it after
+    ``grace_s``; its output pipes are drained meanwhile, so a child blocked on a full pipe
+    still exits."""
+    with signals_held():
+        for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, signum)
+            except ProcessLookupError:
+                break
+            try:
+                proc.communicate(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # what the leader left behind in its group
+
+
+def run_stoppable(
+    argv: Sequence[str], cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, capture_output=True, text=True)``, in a session of its own and
+    stopped with its whole group (:func:`stop_group`) when this process is interrupted.
+    ``subprocess.run`` would SIGKILL the child alone, which then cannot stop what it started."""
+    proc = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        stop_group(proc)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -6,14 +6,12 @@ every agent and rank. Pytest side, torch-free.
 
 from __future__ import annotations
 
-import signal
-import threading
 import warnings
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
+from perfsuite.launch import procs
 from perfsuite.launch.fingerprint import foreign_gpu_processes
 
 
@@ -22,26 +20,9 @@ class BusyGpuWarning(UserWarning):
 
 
 def stop_on_sigterm() -> Callable[[], None]:
-    """Make SIGTERM (a cancelled CI job, Slurm's scancel) stop the run as Ctrl-C
-    does, so the launcher's cleanup stops every agent and rank before pytest
-    exits; by default SIGTERM ends the process at once and orphans them. Left
-    alone when someone else already handles SIGTERM, or off the main thread.
-    Returns the finalizer that restores the previous handler."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous not in (signal.SIG_DFL, None):
-        return lambda: None
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"perfsuite: {signal.Signals(signum).name} received, stopping the run")
-
-    signal.signal(signal.SIGTERM, interrupt)
-
-    def restore() -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    return restore
+    """SIGTERM stops the run as Ctrl-C does, so the launcher's cleanup stops every agent and rank
+    before pytest exits (:func:`perfsuite.launch.procs.interrupt_on_sigterm`)."""
+    return procs.interrupt_on_sigterm()
 
 
 def check_xdist(config: pytest.Config) -> None:

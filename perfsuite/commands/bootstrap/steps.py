@@ -4,14 +4,12 @@ megatron-core twin), a ``selftest`` subprocess, or the in-process doctor.
 
 Every subprocess runs in its own process group with the time left as its
 limit; at the limit it gets SIGTERM (perfsuite's pytest then stops its agents
-and ranks) and SIGKILL 15 s later, and the step counts as interrupted.
+and ranks) and SIGKILL 15 s later (:func:`perfsuite.launch.procs.stop_group`), and the step counts as interrupted.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -23,12 +21,11 @@ from perfsuite.commands.bootstrap.plan import Plan, Step
 from perfsuite.commands.bootstrap.probe import idle_readings
 from perfsuite.commands.bootstrap.state import Status, StepRecord
 from perfsuite.core.files import atomic_write_json, atomic_write_text
+from perfsuite.launch import procs
 
 #: Verdicts of a scenario that leave its step done (other_machine: its memory judged, its
 #: timing not, against a baseline from another processor the plan did not record again).
 GOOD = ("recorded", "pass", "improved", "expected_oom", "other_machine")
-#: Seconds a subprocess gets between SIGTERM and SIGKILL.
-GRACE_S = 15.0
 LOG_TAIL = 1500
 
 
@@ -80,24 +77,11 @@ def run_logged(cmd: Sequence[str], log: Path, timeout_s: float) -> int | None:
         try:
             return proc.wait(timeout=max(1.0, timeout_s))
         except subprocess.TimeoutExpired:
-            stop(proc)
+            procs.stop_group(proc)
             return None
         except BaseException:  # the bootstrap itself is stopped: take the step's processes with it
-            stop(proc)
+            procs.stop_group(proc)
             raise
-
-
-def stop(proc: subprocess.Popen[Any]) -> None:
-    for sig, wait_s in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def tail(path: Path) -> str:
