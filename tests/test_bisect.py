@@ -250,57 +250,23 @@ def test_a_selection_of_no_row_is_bad_input(small_repo: Path) -> None:
     assert worktrees(small_repo) == 1
 
 
-def test_ctrl_c_leaves_no_worktree_and_no_scratch(tmp_path: Path) -> None:
-    # A bench test that hangs: Ctrl-C (SIGINT to the group, as a terminal sends it) lands mid-A/B.
-    repo = tmp_path / "repo"
-    history(repo, 2, bench="import time\n\ndef test_hangs():\n    time.sleep(120)\n")
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    command = [sys.executable, "-m", "perfsuite", "bisect", "HEAD~2", "HEAD"]
-    process = subprocess.Popen(
-        command,
-        cwd=repo,
-        env={**os.environ, "TMPDIR": str(scratch)},
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while worktrees(repo) < 3 and time.monotonic() < deadline:  # GOOD's and BAD's trees, then the first pytest
-        time.sleep(0.2)
-    assert worktrees(repo) == 3
-    time.sleep(2)
-    os.killpg(process.pid, signal.SIGINT)
-    _, err = process.communicate(timeout=60)
-    assert process.returncode == 130, err
-    assert "interrupted; removing its worktrees" in err
-    assert worktrees(repo) == 1
-    assert not list(scratch.glob("perfsuite-bisect.*"))
-    assert not git(repo, "status", "--porcelain")
-
-
-def processes_in(root: Path) -> list[psutil.Process]:
-    """Processes working under ``root``: a command's pytest sides run in its trees."""
+def processes_in(root: Path) -> list[list[str]]:
+    """Command lines of the processes working under ``root``: a command's pytest sides run in its trees."""
     found = []
     for proc in psutil.process_iter():
         try:
             if Path(proc.cwd()).is_relative_to(root) and proc.pid != os.getpid():
-                found.append(proc)
+                found.append(proc.cmdline())
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue
     return found
 
 
-@pytest.mark.parametrize("command", [["bisect", "HEAD~2", "HEAD"], ["ab-rev", "HEAD~1"]], ids=["bisect", "ab-rev"])
-def test_sigterm_to_the_command_alone_stops_its_pytest_and_leaves_no_worktree_or_scratch(
-    tmp_path: Path, command: list[str]
-) -> None:
-    # A cancelled CI job or scancel sends SIGTERM to the command's process, not to a terminal's
-    # process group: the command must take its pytest side (and that side's ranks) down with it.
-    repo = tmp_path / "repo"
+def start_hanging(tmp_path: Path, command: list[str]) -> tuple[subprocess.Popen[str], Path, Path]:
+    """``python -m perfsuite COMMAND`` in a repository whose bench test hangs, once its first pytest
+    side is inside that test; the process, the repository and the command's TMPDIR."""
+    repo, scratch = tmp_path / "repo", tmp_path / "tmp"
     history(repo, 2, bench="import time\n\ndef test_hangs():\n    time.sleep(120)\n")
-    scratch = tmp_path / "tmp"
     scratch.mkdir()
     process = subprocess.Popen(
         [sys.executable, "-m", "perfsuite", *command],
@@ -312,12 +278,35 @@ def test_sigterm_to_the_command_alone_stops_its_pytest_and_leaves_no_worktree_or
         text=True,
     )
     deadline = time.monotonic() + 60
-    while not any(p.cmdline()[1:3] == ["-m", "pytest"] for p in processes_in(tmp_path)) and time.monotonic() < deadline:
+    while not any(line[1:3] == ["-m", "pytest"] for line in processes_in(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(2)  # into the hanging test
+    return process, repo, scratch
+
+
+def test_ctrl_c_leaves_no_worktree_and_no_scratch(tmp_path: Path) -> None:
+    # Ctrl-C (SIGINT to the group, as a terminal sends it) lands mid-A/B.
+    process, repo, scratch = start_hanging(tmp_path, ["bisect", "HEAD~2", "HEAD"])
+    assert worktrees(repo) == 3  # GOOD's and BAD's trees
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "interrupted; removing its worktrees" in err
+    assert worktrees(repo) == 1
+    assert not list(scratch.glob("perfsuite-bisect.*"))
+    assert not git(repo, "status", "--porcelain")
+
+
+@pytest.mark.parametrize("command", [["bisect", "HEAD~2", "HEAD"], ["ab-rev", "HEAD~1"]], ids=["bisect", "ab-rev"])
+def test_sigterm_to_the_command_alone_stops_its_pytest_and_leaves_no_worktree_or_scratch(
+    tmp_path: Path, command: list[str]
+) -> None:
+    # A cancelled CI job or `kill` sends SIGTERM to the command's process, not to a terminal's
+    # process group: the command must take its pytest side (and that side's ranks) down with it.
+    process, repo, scratch = start_hanging(tmp_path, command)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
-    assert not [p.cmdline() for p in processes_in(tmp_path)]
+    assert not processes_in(tmp_path)
     assert process.returncode == 130, err
     assert "SIGTERM" in err
     assert not list(scratch.glob("perfsuite-*"))
