@@ -11,6 +11,7 @@ import pytest
 from conftest import CPU_PROFILE, JUDGE_UNDER_CONTENTION, bench_module
 
 from perfsuite.__main__ import main
+from perfsuite.core import processor as processors
 from perfsuite.core.opprofile import (
     MAX_SUMMARY_BYTES,
     NOISE_SHARE,
@@ -186,6 +187,8 @@ def test_a_widened_ffn_regression_names_a_matmul_and_explain_reproduces_it(
     recorded.assert_outcomes(passed=1)
     stored = project.path / "baselines" / "cpu" / "op_profiles" / "g.json"
     assert stored.exists() and len(stored.read_text()) <= MAX_SUMMARY_BYTES, "the op profile is stored, capped"
+    kept = json.loads(stored.read_text())["scenarios"]["g.s"]
+    assert processors.key(kept["processor"]) == processors.key(processors.processor()), "as this processor's"
 
     # The same code again, profiled although it passes: no op moves beyond the stated noise. As
     # the gate confirms a regression, a second rerun confirms a move: a VM stall inside one op

@@ -15,9 +15,12 @@ import pytest
 from test_verdicts import FINGERPRINT, SCENARIO, SLOW, STEADY, FakeLauncher
 
 from perfsuite.core import processor as processors
+from perfsuite.core.opprofile import OpProfile, OpStat
 from perfsuite.core.profiles import CPU
 from perfsuite.gate.session import PerfSession, RunSettings, ScenarioResult
+from perfsuite.judge.explain import Explanation
 from perfsuite.store.baselines import OTHER_PROCESSORS, BaselineError, BaselineStore, load_group
+from perfsuite.store.profilestore import Lookup, ProfileStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -232,3 +235,108 @@ def test_bootstrap_counts_only_this_processors_entry_as_done(tmp_path: Path) -> 
         here = {**FINGERPRINT, "processor": processor}
         store = Stores(tmp_path / "baselines", "cpu", CPU.entry_processor(here))()
         assert done_in(store, targets, 1, usable(here, CPU)).baselines == done, processor["model"]
+
+
+# -- op profiles follow their baselines: one per processor on cpu --------------------------------------
+
+
+def op_profile(addmm_ms: float) -> OpProfile:
+    return OpProfile(
+        "cpu", 5, 0.011, 0.010, (OpStat("aten::addmm", 1.0, addmm_ms * 1000), OpStat("aten::add_", 1.0, 1e3))
+    )
+
+
+def test_each_processor_keeps_its_op_profile_and_reads_only_its_own(tmp_path: Path) -> None:
+    ProfileStore(tmp_path, "cpu", ZEN3).record("g", "g.s", op_profile(5.0))
+    ProfileStore(tmp_path, "cpu", ZEN4).record("g", "g.s", op_profile(2.0))
+    ProfileStore(tmp_path, "cpu", ZEN3).record("g", "g.s", op_profile(6.0))  # replaces Zen 3's only
+    path = ProfileStore(tmp_path, "cpu").path("g")
+    first = json.loads(path.read_text())["scenarios"]["g.s"]
+    assert first["processor"] == ZEN3 and [o["processor"] for o in first[OTHER_PROCESSORS]] == [ZEN4]
+    for processor, addmm_us in ((ZEN3, 6000.0), (ZEN4, 2000.0)):
+        found = ProfileStore(tmp_path, "cpu", processor).lookup("g", "g.s")
+        assert found.profile is not None and found.profile.ops[0].cpu_us == addmm_us and found.elsewhere == 1
+    # A third processor compares with none: another processor's ops would explain the processor.
+    assert ProfileStore(tmp_path, "cpu", XEON).lookup("g", "g.s") == Lookup(None, 2)
+    lead = Explanation(op_profile(9.0), None, str(path), elsewhere=2).lead()
+    assert lead.startswith(f"op profile: none stored for this processor in {path} (2 other processor(s)")
+    assert (
+        "--perf-update-baselines" in lead
+        and Explanation.from_json(
+            json.loads(json.dumps(Explanation(op_profile(9.0), None, "p", elsewhere=2).to_json()))
+        ).elsewhere
+        == 2
+    )
+    # A profile that keeps one profile per scenario (GPUs: processor None) reads and replaces the first.
+    ProfileStore(tmp_path, "cpu").record("g", "g.s", op_profile(1.0))
+    again = json.loads(path.read_text())["scenarios"]["g.s"]
+    assert "processor" not in again and again[OTHER_PROCESSORS] == first[OTHER_PROCESSORS]
+
+
+def test_a_session_reads_and_records_op_profiles_as_its_processor(tmp_path: Path) -> None:
+    def store_of(profile: Any, processor: dict[str, Any]) -> ProfileStore:
+        settings = RunSettings(profile=profile, baselines_dir=tmp_path, workdir=tmp_path)
+        return PerfSession(settings, {**FINGERPRINT, "processor": processor}, FakeLauncher([])).op_profiles.store_for(
+            "cpu"
+        )
+
+    assert store_of(CPU, ZEN4).processor == ZEN4 and store_of(CPU, XEON).processor == XEON
+    assert store_of(dataclasses.replace(CPU, timed_on_other_processor=True), ZEN4).processor is None
+
+
+@pytest.mark.parametrize(
+    ("scenario", "says"),
+    [
+        ({OTHER_PROCESSORS: {}}, "must be a list"),
+        ({OTHER_PROCESSORS: [{}]}, "missing field"),
+        ({"processor": ZEN3, OTHER_PROCESSORS: ["x"]}, r"other_processors\[0\]: expected an object"),
+        ("processor", "expected an object"),
+    ],
+)
+def test_a_bad_op_profile_entry_names_the_file_and_is_never_rewritten(tmp_path: Path, scenario: Any, says: str) -> None:
+    store = ProfileStore(tmp_path, "cpu", ZEN4)
+    fields = op_profile(5.0).to_json()
+    doc = {
+        "version": 1,
+        "group": "g",
+        "scenarios": {"g.s": {**fields, **scenario} if isinstance(scenario, dict) else scenario},
+    }
+    store.path("g").parent.mkdir(parents=True)
+    store.path("g").write_text(json.dumps(doc))
+    text = store.path("g").read_text()
+    with pytest.raises(BaselineError, match=rf"op_profiles/g\.json.*{says}"):
+        store.record("g", "g.s", op_profile(1.0))
+    assert store.path("g").read_text() == text
+
+
+def test_a_second_op_profile_of_one_processor_is_refused(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path, "cpu", ZEN4)
+    fields = op_profile(5.0).to_json()
+    doc = {
+        "version": 1,
+        "group": "g",
+        "scenarios": {"g.s": {**fields, "processor": ZEN3, OTHER_PROCESSORS: [{**fields, "processor": ZEN3}]}},
+    }
+    store.path("g").parent.mkdir(parents=True)
+    store.path("g").write_text(json.dumps(doc))
+    with pytest.raises(BaselineError, match="must name a processor no other profile of the scenario has"):
+        store.get("g", "g.s")
+
+
+def test_the_committed_op_profiles_name_the_processor_of_their_baseline_entry() -> None:
+    # Recorded on the Zen 3 VM with its baselines, so the Zen 4 VM compares with none of them. One
+    # older profile (from a VM whose processor was never recorded) names none: it is read where no
+    # profile names the processor, as an old baseline entry is.
+    unnamed = []
+    for path in sorted((REPO / "baselines" / "cpu" / "op_profiles").glob("*.json")):
+        entries = load_group(REPO / "baselines" / "cpu" / path.name)
+        for key, value in json.loads(path.read_text())["scenarios"].items():
+            stored = value.get("processor")
+            if stored is None:
+                unnamed.append(key)
+                continue
+            procs = [e.fingerprint["processor"] for e in entries[key]]
+            assert stored == procs[0] and procs[1]["model_number"] == "17", key
+            assert ProfileStore(REPO / "baselines", "cpu", stored).get(path.stem, key) is not None, key
+            assert ProfileStore(REPO / "baselines", "cpu", procs[1]).lookup(path.stem, key) == Lookup(None, 1), key
+    assert unnamed == ["parallel_3d.tp1_pp2_interleaved_1f1b"]

@@ -12,8 +12,10 @@ scenario, even one that passed) or ``off``. Pytest side, torch-free.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from perfsuite.core.opprofile import STEPS, OpProfile, merge
 from perfsuite.core.workloads.base import BaseScenario
@@ -27,14 +29,15 @@ from perfsuite.store.profilestore import ProfileStore
 class OpProfiles:
     """Profiled launches of one session, and the stored profiles of each environment."""
 
-    def __init__(self, settings: RunSettings, launches: Launches) -> None:
-        self.settings, self.launches = settings, launches
+    def __init__(self, settings: RunSettings, launches: Launches, processor: Mapping[str, Any] | None) -> None:
+        # processor: this run's where the profile keeps one profile per processor, as its baselines do.
+        self.settings, self.launches, self.processor = settings, launches, processor
         self._stores: dict[str, ProfileStore] = {}
 
     def store_for(self, folder: str) -> ProfileStore:
         """The op profiles beside baselines folder ``folder`` (``<profile>`` or ``<profile>@<env>``)."""
         if folder not in self._stores:
-            self._stores[folder] = ProfileStore(self.settings.baselines_dir, folder)
+            self._stores[folder] = ProfileStore(self.settings.baselines_dir, folder, self.processor)
         return self._stores[folder]
 
     def record(self, scenario: BaseScenario, env: str, folder: str) -> str:
@@ -53,11 +56,12 @@ class OpProfiles:
             return f"op profile: none ({why})"
         store = self.store_for(folder)
         try:
-            stored = store.get(scenario.group, scenario.id)
+            stored = store.lookup(scenario.group, scenario.id)
         except BaselineError as exc:
             return f"op profile: {exc}"
         note = "" if profile.trace else "no trace kept: over the size cap"
-        return Explanation(profile, stored, str(store.path(scenario.group)), profile.trace, note)
+        path = str(store.path(scenario.group))
+        return Explanation(profile, stored.profile, path, profile.trace, note, stored.elsewhere)
 
     def allocations(self, scenario: BaseScenario, env: str) -> str:
         """One launch recording allocations up to its OOM: the largest ones, per failing rank."""

@@ -85,7 +85,7 @@ class PerfSession:
         #: Builds and runs each launch, and keeps what the ranks reported about their nodes.
         self.launches = Launches(settings, fingerprint, launcher, progress or Progress(None))
         #: The profiled launches that explain a regression or an OOM, and the stored op profiles.
-        self.op_profiles = OpProfiles(settings, self.launches)
+        self.op_profiles = OpProfiles(settings, self.launches, self._processor)
         # On cpu, this processor's entries (HardwareProfile.entry_processor): several live side by side.
         self.store = BaselineStore(settings.baselines_dir, settings.profile.name, self._processor)
         self._stores: dict[str, BaselineStore] = {CURRENT: self.store}

@@ -28,6 +28,9 @@ class Explanation:
     """The kept Chrome trace of the profiled launch ("" when none was kept)."""
     note: str = ""
     """Why something is missing (a trace over the size cap)."""
+    elsewhere: int = 0
+    """How many other processors have a profile stored (cpu keeps one per processor): none of
+    theirs is compared, since another processor runs other kernels."""
 
     def diff(self) -> ProfileDiff | None:
         return diff(self.baseline, self.current) if self.baseline is not None else None
@@ -35,6 +38,12 @@ class Explanation:
     def lead(self, memory: bool = False) -> str:
         """The failure message's first line; ``memory``: the regression was in peak memory."""
         found = self.diff()
+        if found is None and self.elsewhere:
+            return (
+                f"op profile: none stored for this processor in {self.stored_in} ({self.elsewhere} other "
+                "processor(s) have one; their kernels differ, so it is not compared); store one here by "
+                f"re-recording: --perf-update-baselines. Top ops now: {top_lines(self.current)}"
+            )
         if found is None:
             return (
                 f"op profile: no profile stored with this baseline ({self.stored_in}); store one by re-recording: "
@@ -61,6 +70,7 @@ class Explanation:
             "stored_in": self.stored_in,
             "trace": self.trace,
             "note": self.note,
+            "elsewhere": self.elsewhere,
             "diff": found.to_json() if found else None,
         }
 
@@ -73,4 +83,5 @@ class Explanation:
             str(data.get("stored_in", "")),
             str(data.get("trace", "")),
             str(data.get("note", "")),
+            int(data.get("elsewhere", 0)),
         )

@@ -149,7 +149,7 @@ def parse_scenario(path: Path, key: str, raw: Any) -> tuple[BaselineEntry, ...]:
         entry = parse_entry(path, key, other, f"{where}[{n}]")
         if OTHER_PROCESSORS in entry.extra or not isinstance(processor_of(entry), Mapping):
             raise _problem(path, f"{where}[{n}]", "must be one processor's entry, naming it in fingerprint.processor")
-        if any(_same(processor_of(e), processor_of(entry)) for e in entries):
+        if any(same_processor(processor_of(e), processor_of(entry)) for e in entries):
             raise _problem(path, f"{where}[{n}]", "was recorded on a processor another entry of the scenario has")
         entries.append(entry)
     return tuple(entries)
@@ -167,16 +167,21 @@ def slot(entries: Sequence[BaselineEntry], processor: Mapping[str, Any] | None) 
     names no processor (recorded before perfsuite kept it: it may be this one's), else None (a
     recording adds an entry beside the others). ``processor`` None (a profile that judges timing
     across processors) is the first entry, the scenario's one."""
+    return slot_among([processor_of(entry) for entry in entries], processor)
+
+
+def slot_among(procs: Sequence[Mapping[str, Any] | None], processor: Mapping[str, Any] | None) -> int | None:
+    """:func:`slot` over the processors of a scenario's entries (None: an entry naming none), for
+    anything stored per processor (baselines, op profiles)."""
     if processor is None:
-        return 0 if entries else None
-    procs = [processor_of(entry) for entry in entries]
-    same = [n for n, proc in enumerate(procs) if _same(proc, processor)]
+        return 0 if procs else None
+    same = [n for n, proc in enumerate(procs) if same_processor(proc, processor)]
     unknown = [n for n, proc in enumerate(procs) if proc is None]
     found = same or unknown
     return found[0] if found else None
 
 
-def _same(one: Mapping[str, Any] | None, other: Mapping[str, Any] | None) -> bool:
+def same_processor(one: Mapping[str, Any] | None, other: Mapping[str, Any] | None) -> bool:
     return one is not None and other is not None and processors.key(one) == processors.key(other)
 
 
