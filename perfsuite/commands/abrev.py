@@ -40,6 +40,7 @@ from perfsuite.judge.abtest import ABResult, Trial, markdown_lines, summary_line
 from perfsuite.judge.contention import Contention, contended
 from perfsuite.judge.results import OneLaunch
 from perfsuite.launch import procs, warm
+from perfsuite.store.vcs import git
 
 BASE, CANDIDATE = "base", "candidate"
 #: The headline metric the A/B judges; memory and exact bytes stay with the stored-baseline gate.
@@ -84,7 +85,7 @@ class SideRun:
 
 def export(repo: Path, rev: str, into: Path) -> str:
     """REV's tree under ``into`` (``git archive``: no worktree left behind); its full commit."""
-    commit = _git(repo, "rev-parse", "--verify", f"{rev}^{{commit}}").strip()
+    commit = git(repo, "rev-parse", "--verify", f"{rev}^{{commit}}").strip()
     archive = subprocess.run(["git", "-C", str(repo), "archive", commit], capture_output=True, check=True).stdout
     with tempfile.TemporaryFile() as raw:
         raw.write(archive)
@@ -92,13 +93,6 @@ def export(repo: Path, rev: str, into: Path) -> str:
         with tarfile.open(fileobj=raw) as tar:
             tar.extractall(into, filter="data")
     return commit
-
-
-def _git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise ValueError(f"git {' '.join(args)}: {done.stderr.strip()}")
-    return done.stdout
 
 
 def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: Path) -> SideRun:

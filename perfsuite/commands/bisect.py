@@ -28,6 +28,7 @@ from perfsuite.commands.cliargs import INTERRUPTED
 from perfsuite.core.files import atomic_write_json
 from perfsuite.judge.abtest import ABResult
 from perfsuite.launch import procs, warm
+from perfsuite.store import vcs
 
 #: What to try when a step was not judged, by its verdict.
 ADVICE = {
@@ -86,10 +87,11 @@ def search(commits: Sequence[str], step: Callable[[str], str]) -> Search:
 
 
 def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise BadInput(f"git {' '.join(args)}: {done.stderr.strip() or f'exit {done.returncode}'}")
-    return done.stdout
+    """:func:`perfsuite.store.vcs.git`, its failure bad input (exit 2)."""
+    try:
+        return vcs.git(repo, *args)
+    except vcs.GitError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def resolve(repo: Path, rev: str) -> str:

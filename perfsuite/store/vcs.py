@@ -44,6 +44,18 @@ def current_commit(root: Path) -> Commit:
     )
 
 
+class GitError(ValueError):
+    """A git command failed: its arguments and git's own message."""
+
+
+def git(repo: Path, *args: str) -> str:
+    """What git prints for ``args`` in ``repo``, or :class:`GitError` with git's message."""
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise GitError(f"git {' '.join(args)}: {done.stderr.strip() or f'exit {done.returncode}'}")
+    return done.stdout
+
+
 def git_output(root: Path, *args: str) -> str | None:
     """What git prints for ``args`` in ``root``; None where git fails or is missing."""
     try:
