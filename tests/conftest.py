@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -145,3 +147,9 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     """A pytester dir with an empty baselines folder and a one-scenario module."""
     pytester.mkdir("baselines")
     return pytester
+
+
+def interpreter_path() -> str:
+    """This interpreter's ``sys.path`` as a PYTHONPATH: the ranks' path the probes get in a test
+    that calls them outside a pytest run of the plugin."""
+    return os.pathsep.join(p for p in sys.path if p)

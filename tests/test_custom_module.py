@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import record_team, require
+from conftest import interpreter_path, record_team, require
 
-from perfsuite.core.models import ModelSpec, probe
+from perfsuite.core.models import ModelSpec
 from perfsuite.core.protocol import COUNTED_FLOPS
 from perfsuite.core.validation import ScenarioError
 from perfsuite.plugin import collection
@@ -77,7 +77,7 @@ def team_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
 def checked(spec: ModelSpec, team: Path) -> ModelSpec:
     """``spec`` once the collection step's child has built it, with ``team``'s package on the ranks'
     path; raises the problem the step reports."""
-    error = spec.probe(os.pathsep.join((str(team), probe.interpreter_path())))
+    error = spec.probe(os.pathsep.join((str(team), interpreter_path())))
     if error is not None:
         raise error
     return spec
@@ -208,7 +208,7 @@ def test_construction_checks_the_form_and_the_collection_step_the_build(team_pac
     gone = ModelSpec.module("teampkg.gone:build")
     shape: dict[str, Any] = dict(world_size=1, micro_batch=2, global_batch=2, seq_len=16)
     scenarios = [Scenario("team", "a", gone, **shape), Scenario("team", "b", gone, **shape)]
-    path = os.pathsep.join((str(team_package), probe.interpreter_path()))
+    path = os.pathsep.join((str(team_package), interpreter_path()))
     assert [str(e) for e in collection.problems(scenarios, path)] == [
         "scenario 'model teampkg.gone:build': field 'source' cannot be imported: ModuleNotFoundError: "
         "No module named 'teampkg.gone'"

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import interpreter_path
 
 from perfsuite import ModelSpec, Scenario, ScenarioError
 from perfsuite.core.engines import ENGINES, ZeroOptions, deepspeed_config
-from perfsuite.core.models import probe
 from perfsuite.judge.definition import changes, definition
 from perfsuite.plugin import collection
 
@@ -136,7 +136,7 @@ def test_an_optimizer_op_this_machine_cannot_build_skips_naming_torch_adam(monke
 def collected(scenario: Scenario, rank_path: str = "") -> Scenario:
     """``scenario`` once the collection step has checked it, the ranks' path being ``rank_path``
     (default: this interpreter's); raises the first problem the step reports."""
-    problems = collection.problems([scenario], rank_path or probe.interpreter_path())
+    problems = collection.problems([scenario], rank_path or interpreter_path())
     if problems:
         raise problems[0]
     return scenario
@@ -173,7 +173,7 @@ def test_a_team_optimizer_factory_is_checked_by_importing_it(tmp_path: Path) -> 
         "def make(params, lr):\n    import torch\n    return torch.optim.SGD(params, lr)\n"
     )
     # On the ranks' path, as a team's package is (the collection step's child imports it from there).
-    path = os.pathsep.join((str(tmp_path), probe.interpreter_path()))
+    path = os.pathsep.join((str(tmp_path), interpreter_path()))
     collected(Scenario("g", "n", GPT, strategy="fsdp2", strategy_options={"optimizer": "teamopt:make"}, **SHAPE), path)
     with pytest.raises(ScenarioError, match="names no function: module 'teamopt' has no callable 'build'"):
         collected(

@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import CPU_PROFILE, record_team, require, team_gate
+from conftest import CPU_PROFILE, interpreter_path, record_team, require, team_gate
 
 from perfsuite.core import models
-from perfsuite.core.models import ModelSpec, probe
+from perfsuite.core.models import ModelSpec
 from perfsuite.core.protocol import COUNTED_FLOPS
 from perfsuite.core.validation import ScenarioError
 
@@ -120,7 +120,7 @@ def test_a_decoder_only_classifier_trains_a_batch_of_several_rows() -> None:
 def test_a_bad_model_reference_names_its_field(make, field: str, words: str) -> None:
     # Construction checks the form; the collection step asks transformers about the type and the task.
     with pytest.raises(ScenarioError, match=f"field '{field}'.*{words}"):
-        error = make().probe(probe.interpreter_path())
+        error = make().probe(interpreter_path())
         if error is not None:
             raise error
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,12 +88,18 @@ def picked(picks: Mapping[str, tuple[str, ...]], metrics: ScenarioMetrics) -> di
     return {key: VARIED if key in metrics.detail_varies else metrics.detail.get(key) for key in picks}
 
 
-def unpicked(
-    picks: Mapping[str, tuple[str, ...]], metrics: ScenarioMetrics, recorded: Any
-) -> tuple[frozenset[str], str]:
+@dataclass(frozen=True)
+class Unpicked:
+    """Metrics a baseline cannot judge, and why: the rank picked otherwise than its baseline's."""
+
+    metrics: frozenset[str]
+    reason: str
+
+
+def unpicked(picks: Mapping[str, tuple[str, ...]], metrics: ScenarioMetrics, recorded: Any) -> Unpicked | None:
     """The metrics a baseline cannot judge because the rank picked otherwise than the
     baseline's rank (or the baseline does not say what that picked, or this measurement's
-    launches picked differently), and why ("" when none)."""
+    launches picked differently), and why (None when it can judge them all)."""
     stored = recorded if isinstance(recorded, Mapping) else {}
     found: set[str] = set()
     reasons = []
@@ -108,8 +115,8 @@ def unpicked(
             continue
         found.update(dependent)
     if not found:
-        return frozenset(), ""
-    return frozenset(found), f"{', '.join(sorted(found))} not judged: {'; '.join(reasons)}"
+        return None
+    return Unpicked(frozenset(found), f"{', '.join(sorted(found))} not judged: {'; '.join(reasons)}")
 
 
 def _show(value: Any) -> str:

@@ -92,12 +92,12 @@ def against(
 ) -> Judgement:
     """The verdict on trustworthy metrics against their baseline."""
     tolerances = resolve_tolerances(profile.default_tolerances(scenario.metrics), scenario.tolerances, baseline)
-    unjudged, why = definition.unpicked(scenario.picks(), metrics, baseline.extra.get(definition.PICKS))
-    judged = [name for name in scenario.metrics if name not in unjudged]
+    unpicked = definition.unpicked(scenario.picks(), metrics, baseline.extra.get(definition.PICKS))
+    judged = [name for name in scenario.metrics if unpicked is None or name not in unpicked.metrics]
     elsewhere = None if profile.timed_on_other_processor else machine.of("processor")
     if elsewhere is not None:
         judgement = judge_elsewhere(scenario, metrics, baseline, tolerances, compare, judged, elsewhere)
-        return _unjudged(judgement, why)
+        return _unjudged(judgement, unpicked)
     busy = contention_of(metrics, profile)
     primary = metrics.summary(scenario.primary)
     if primary is not None and primary.cv > profile.max_cv:
@@ -115,7 +115,7 @@ def against(
             return replace(judgement, verdict="unreliable").noted(doubt)
     else:
         judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
-    return _unjudged(judgement, why)
+    return _unjudged(judgement, unpicked)
 
 
 def regression_doubt(
@@ -137,9 +137,9 @@ def regression_doubt(
     return Note("spread", f"{grew}, so not judged a regression:", "before") if grew is not None else None
 
 
-def _unjudged(judgement: Judgement, why: str) -> Judgement:
-    """``judgement``, noting why some metrics were not judged (``why``, "" when all were)."""
-    return judgement.noted(Note("unjudged", why)) if why else judgement
+def _unjudged(judgement: Judgement, unpicked: definition.Unpicked | None) -> Judgement:
+    """``judgement``, noting why some metrics were not judged (``unpicked``, None when all were)."""
+    return judgement.noted(Note("unjudged", unpicked.reason)) if unpicked is not None else judgement
 
 
 def judge_elsewhere(

@@ -144,8 +144,8 @@ def check_optimizer(name: str, factories: bool = True) -> None:
 def optimizer_problem(name: str, rank_path: str) -> str | None:
     """What a child interpreter on ``rank_path`` finds wrong with a well-formed ``optimizer``
     option (None if nothing; a named optimizer needs no child)."""
-    problem = "" if name in OPTIMIZERS else check_callable(name, rank_path)
-    return f"option 'optimizer' {problem}" if problem else None
+    problem = None if name in OPTIMIZERS else check_callable(name, rank_path)
+    return f"option 'optimizer' {problem}" if problem is not None else None
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,6 @@ REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 PROBE_TIMEOUT_S = 300
 
 
-def interpreter_path() -> str:
-    """This interpreter's ``sys.path`` as a PYTHONPATH: what a caller outside a pytest run of the
-    plugin gives the probes as the ranks' path."""
-    return os.pathsep.join(p for p in sys.path if p)
-
-
 def reference_problem(source: str | None, step: str | None) -> tuple[str, str] | None:
     """(field, problem) for a ``source`` or ``step`` that is no ``package.module:function``, else None
     (the form alone: no child)."""
@@ -85,8 +79,8 @@ else:
 
 
 @functools.lru_cache(maxsize=64)
-def check_callable(reference: str, rank_path: str) -> str:
-    """What is wrong with a ``package.module:function`` reference ("" when a child interpreter,
+def check_callable(reference: str, rank_path: str) -> str | None:
+    """What is wrong with a ``package.module:function`` reference (None when a child interpreter,
     on ``rank_path``, the ranks' PYTHONPATH, imports it and finds a callable there)."""
     try:
         done = subprocess.run(
@@ -100,7 +94,7 @@ def check_callable(reference: str, rank_path: str) -> str:
         answer = json.loads(done.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, OSError, IndexError, ValueError):
         return f"{reference!r} could not be checked: the child interpreter importing it failed"
-    return f"{reference!r} {answer}" if answer else ""
+    return f"{reference!r} {answer}" if answer else None
 
 
 #: The child's answer for :func:`hf_model_types`: each model type with the tasks that take it.

@@ -332,14 +332,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def ran_otherwise(config: Mapping[str, Any]) -> str:
+def ran_otherwise(config: Mapping[str, Any]) -> str | None:
     """What a results ``config`` ran unlike its declaration, e.g. ``fp16 row ran
-    bf16 on this profile`` for a row whose cpu variant runs bf16 ("" if its
+    bf16 on this profile`` for a row whose cpu variant runs bf16 (None if its
     precision is the declared one)."""
     declared = (config.get("declared") or {}).get("precision")
     ran = config.get("precision")
     if declared is None or declared == ran:
-        return ""
+        return None
     return f"{declared} row ran {ran} on this profile"
 
 

@@ -68,7 +68,7 @@ def row(result: res.Result, extra: list[registry.Metric]) -> tuple[str, ...]:
     # The first line: a crash's message goes on with the rank's stderr.
     detail = "" if result["verdict"] == "pass" else (str(result.get("message") or "").splitlines() or [""])[0]
     note = ran_otherwise(result.get("config") or {})  # e.g. an fp16 row that ran bf16 on cpu
-    detail = f"{detail} ({note})" if detail and note else detail or note
+    detail = f"{detail} ({note})" if detail and note else detail or note or ""
     cells = _metric_cells(result, extra)
     return (result["id"], result["verdict"], throughput(result), change, tolerance, *cells, detail)
 
