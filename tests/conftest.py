@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -153,3 +154,11 @@ def interpreter_path() -> str:
     """This interpreter's ``sys.path`` as a PYTHONPATH: the ranks' path the probes get in a test
     that calls them outside a pytest run of the plugin."""
     return os.pathsep.join(p for p in sys.path if p)
+
+
+def default_sigint() -> None:
+    """A ``preexec_fn``: SIGINT as a terminal's Ctrl-C meets the child. A background job of a
+    non-interactive shell (a CI script's ``cmd &``) starts with SIGINT ignored, every child inherits
+    that, and Python then installs no KeyboardInterrupt handler: pytest ignored test_cancellation's
+    SIGINT in two fresh-clone CI runs started that way, and bisect test_bisect's Ctrl-C in a third."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

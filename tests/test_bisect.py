@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import default_sigint
 
 from perfsuite.__main__ import main
 from perfsuite.commands import abrev
@@ -276,6 +277,7 @@ def start_hanging(tmp_path: Path, command: list[str]) -> tuple[subprocess.Popen[
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     deadline = time.monotonic() + 60
     while not any(line[1:3] == ["-m", "pytest"] for line in processes_in(tmp_path)) and time.monotonic() < deadline:

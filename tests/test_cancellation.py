@@ -12,7 +12,7 @@ import time
 
 import psutil
 import pytest
-from conftest import CPU_PROFILE, bench_module, leftover_workers, rank_processes
+from conftest import CPU_PROFILE, bench_module, default_sigint, leftover_workers, rank_processes
 
 # Thousands of steps: the run is still measuring whenever the test strikes.
 LONG = 'Scenario("long", "ddp", model=TINY, world_size=2, micro_batch=8, global_batch=16, seq_len=32, warmup_steps=1, steps=5000)'
@@ -35,14 +35,6 @@ def start(project: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         cmd, cwd=project.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=default_sigint
     )
-
-
-def default_sigint() -> None:
-    """SIGINT as a terminal's Ctrl-C meets pytest. A background job of a non-interactive shell (a CI
-    script's ``cmd &``) starts with SIGINT ignored, every child inherits that, and Python then installs
-    no KeyboardInterrupt handler: pytest ignored this test's SIGINT in two fresh-clone CI runs started
-    that way."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_until_measuring(project: pytest.Pytester, run: subprocess.Popen[bytes], timeout_s: float = 90) -> None:

@@ -87,6 +87,42 @@ def test_a_scenario_without_samples_per_s_is_skipped_not_passed(monkeypatch: pyt
     assert abrev.exit_status([result], "ab-rev") == abrev.NOT_JUDGED
 
 
+def test_later_pairs_launch_only_the_scenarios_still_open(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # g.big slows 50% and decides in the first pairs; g.close (4% slower, at a 10% minimum effect
+    # under +-10% drift) takes more. Once g.big is decided, each side selects g.close's node id alone.
+    trees = {side: tmp_path / side for side in ("base", "candidate")}
+    for tree in trees.values():
+        (tree / "bench_tests").mkdir(parents=True)
+        (tree / "bench_tests" / "test_g.py").write_text("")
+    nodeid = {i: f"bench_tests/test_g.py::test_g[{i}]" for i in ("g.big", "g.close")}
+    asked: list[tuple[str, tuple[str, ...]]] = []
+    drift = [1.0, 0.9, 1.1, 1.0, 0.95, 1.05, 0.9, 1.1, 1.0, 0.92, 1.08, 1.0] * 3
+    noise = [1.0, 1.08, 0.93, 1.05, 0.95, 1.1, 0.9, 1.02, 0.97, 1.06, 0.94, 1.0, 1.07]
+
+    def run_side(root: Path, paths: tuple[str, ...], args: object, out: Path) -> SideRun:
+        asked.append((root.name, tuple(paths)))
+        level = drift[(len(asked) - 1) // 2]  # the machine drifts between pairs, not within one
+        slower = {"g.big": 1.5, "g.close": 1.04} if root.name == "candidate" else {"g.big": 1.0, "g.close": 1.0}
+        chosen = [i for i in nodeid if paths == ("bench_tests",) or nodeid[i] in paths]
+        jitter = {"g.big": 1.0, "g.close": noise[len(asked) % len(noise)]}  # g.close spreads ~7% a run
+        launches = {i: OneLaunch("ok", {METRIC: 100.0 * level * jitter[i] / slower[i]}) for i in chosen}
+        return SideRun(launches, dict.fromkeys(chosen, 0.1), 1.0, {i: nodeid[i] for i in chosen})
+
+    monkeypatch.setattr(abrev, "run_side", run_side)
+    results = {r.id: r for r in ab_trees(trees["base"], trees["candidate"], Settings(max_pairs=30), tmp_path)}
+    assert results["g.big"].verdict == "regression" and results["g.close"].verdict != "regression"
+    big_pairs, close_pairs = results["g.big"].pairs, results["g.close"].pairs
+    assert big_pairs < close_pairs
+    both = (nodeid["g.big"], nodeid["g.close"])
+    assert [paths for _, paths in asked[:2]] == [("bench_tests",)] * 2  # the first pair: the user's selection
+    assert all(paths == both for _, paths in asked[2 : 2 * big_pairs])  # then the open ones, by node id
+    assert all(paths == (nodeid["g.close"],) for _, paths in asked[2 * big_pairs :]) and asked[2 * big_pairs :]
+    # A side whose results name no node ids (a revision from before them) runs the whole selection.
+    assert abrev.selection(trees["base"], Settings(), SideRun({}), ["g.close"]) == ("bench_tests",)
+    gone = SideRun({}, nodeids={"g.close": "bench_tests/test_gone.py::test_g[g.close]"})
+    assert abrev.selection(trees["base"], Settings(), gone, ["g.close"]) == ("bench_tests",)
+
+
 def test_undecided_is_not_judged(monkeypatch: pytest.MonkeyPatch) -> None:
     noisy = [100.0, 90.0, 110.0, 100.0]
     replay(monkeypatch, [ok(100.0)] * 3, [ok(v) for v in noisy[:3]])

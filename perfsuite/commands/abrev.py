@@ -81,6 +81,8 @@ class SideRun:
     launches: Mapping[str, OneLaunch]
     min_effects: Mapping[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    nodeids: Mapping[str, str] = field(default_factory=dict)
+    """Each scenario's pytest node id, as its results file names it (a revision from before it: none)."""
 
 
 def export(repo: Path, rev: str, into: Path) -> str:
@@ -123,7 +125,18 @@ def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: 
     results = document["results"]
     default = float(document.get("min_effect") or CPU.min_effect)  # a revision from before min_effect: cpu's
     effects = {r["id"]: float((r.get("config") or {}).get("min_effect") or default) for r in results}
-    return SideRun({r["id"]: launch_of(r) for r in results}, effects, time.monotonic() - started)
+    nodeids = document.get("nodeids") or {}
+    return SideRun({r["id"]: launch_of(r) for r in results}, effects, time.monotonic() - started, nodeids)
+
+
+def selection(root: Path, settings: Settings, last: SideRun | None, still: Sequence[str]) -> tuple[str, ...]:
+    """What a side's next run selects: the node ids of the scenarios ``still`` open, where its last run
+    named every one of them and each names a file in ``root`` (node ids are relative to pytest's
+    rootdir), so a decided scenario is not launched again; else the paths the user gave."""
+    named = [last.nodeids.get(scenario_id, "") for scenario_id in still] if last is not None else []
+    if not named or not all(n and (root / n.split("::")[0]).is_file() for n in named):
+        return settings.paths
+    return tuple(named)
 
 
 def own_plugin(root: Path) -> list[str]:
@@ -163,12 +176,20 @@ def ab_trees(
     trials: dict[str, Trial] = {}
     roots = {BASE: (base, settings.args), CANDIDATE: (candidate, (*settings.args, *settings.candidate_args))}
     started = time.monotonic()
+    last: dict[str, SideRun] = {}
+    still: list[str] = []
     for pair in range(settings.max_pairs):
         order = (BASE, CANDIDATE) if sequential.base_first(pair) else (CANDIDATE, BASE)
         runs = {
-            side: run_side(roots[side][0], settings.paths, roots[side][1], scratch / f"{side}-{pair}.json")
+            side: run_side(
+                roots[side][0],
+                selection(roots[side][0], settings, last.get(side), still),
+                roots[side][1],
+                scratch / f"{side}-{pair}.json",
+            )
             for side in order
         }
+        last = runs
         for scenario_id in sorted(set(runs[BASE].launches) | set(runs[CANDIDATE].launches)):
             trial = trials.get(scenario_id) or trials.setdefault(scenario_id, _trial(scenario_id, settings, runs))
             for side in order:

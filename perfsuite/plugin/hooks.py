@@ -33,6 +33,9 @@ from perfsuite.reports.summary import ResultsWriteError, results_document, write
 SESSION_KEY = pytest.StashKey["PerfSession"]()
 ENVS_KEY = pytest.StashKey[dict[str, PythonEnv]]()
 LAUNCHER_KEY = pytest.StashKey[Launcher]()
+#: Each scenario's pytest node id, by scenario id: the results file's ``nodeids``, so a tool that
+#: reruns some of them (``ab-rev``'s later pairs) selects exactly those.
+NODEIDS_KEY = pytest.StashKey[dict[str, str]]()
 
 # perfsuite's default extra metrics and its exporters are pytest plugins of
 # their own: each implements a perfsuite hook (pytest_perfsuite_extra_metrics,
@@ -169,13 +172,18 @@ class Perf:
 
     def run(self, scenario: BaseScenario) -> ScenarioResult:
         """Run and judge ``scenario`` without deciding the test's outcome."""
+        self._ran(scenario)
         return run_or_fail(self.session, scenario)
 
     def check(self, scenario: BaseScenario) -> Any:
         """Run ``scenario`` in this run's mode and pass, fail or skip this test by what it found:
         its verdict against the baseline (a :class:`ScenarioResult`), or under ``--perf-find-max-batch``
         and ``--perf-ab`` that mode's result."""
+        self._ran(scenario)
         return modes.of(self.request.config).check(self.session, scenario, self.request.node.nodeid)
+
+    def _ran(self, scenario: BaseScenario) -> None:
+        self.request.config.stash.setdefault(NODEIDS_KEY, {})[scenario.id] = self.request.node.nodeid
 
     def check_relation(self, relation: Relation) -> RelationOutcome:
         """Check a relation between two scenarios of this run; fail if violated."""
@@ -233,6 +241,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         ranking=ranked,
         **({"min_effect": perf.profile.min_effect} if perf else {}),
         **({"coverage": found.to_json()} if found is not None else {}),
+        **({"nodeids": dict(sorted(config.stash[NODEIDS_KEY].items()))} if NODEIDS_KEY in config.stash else {}),
         **mode.results_json(),
     )
     if path:
