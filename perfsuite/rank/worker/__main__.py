@@ -14,7 +14,6 @@ import ctypes
 import dataclasses
 import faulthandler
 import gc
-import importlib
 import multiprocessing
 import os
 import platform
@@ -64,13 +63,6 @@ def run(job: RankJob, runner: Runner, ctx: WorkerContext, reporter: Reporter) ->
     return dataclasses.replace(report, host=platform.node(), forked=forked(), runtime=runtime)
 
 
-def import_all(modules: tuple[str, ...]) -> None:
-    """Import ``modules``; one that fails is left to the code that needs it, to report in its words."""
-    for name in modules:
-        with contextlib.suppress(Exception):
-            importlib.import_module(name)
-
-
 def forked() -> bool:
     """Whether this rank is a fork of its torchrun agent (a multiprocessing child)."""
     return multiprocessing.parent_process() is not None
@@ -110,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     watchdog.start()  # exit if the agent or the pytest process dies (SIGKILL leaves no one to stop us)
     job = RankJob.read(Path(argv[0]))
     runner: Runner = import_object(job.spec.runner)(job)  # before CUDA is touched
-    import_all(job.imports)  # before the memory budget, which covers the workload (a warm parent's are here)
+    fresh.preload(job.imports)  # before the memory budget, which covers the workload (a warm parent's are here)
     mark(marks, "rank_imports")
     ctx = WorkerContext.from_env(job.device)
     reporter = Reporter(Path(job.reports_dir), ctx.rank, marks)

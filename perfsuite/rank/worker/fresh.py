@@ -1,5 +1,5 @@
 """What a forked process resets so that it runs as a fresh interpreter would (launched side):
-the BLAS thread pool's size, and the interpreter's start-up hooks. A forked agent (:mod:`perfsuite.rank.worker.warmparent`) and a
+the BLAS thread pool's size, and the interpreter's start-up hooks; and the imports both make before a launch. A forked agent (:mod:`perfsuite.rank.worker.warmparent`) and a
 forked rank (:mod:`perfsuite.rank.worker.__main__`) inherit the pool their parent sized when it
 loaded OpenBLAS, before torchrun set ``OMP_NUM_THREADS`` for the ranks."""
 
@@ -10,7 +10,7 @@ import os
 import site
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 #: The variables OpenBLAS reads for its thread count when it loads, in its order.
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
@@ -52,3 +52,18 @@ def run_site_hooks() -> None:
                 traceback.print_exc()
         except Exception:
             traceback.print_exc()
+
+
+def preload(modules: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """Import ``modules`` (a warm parent's, or a rank's before its memory budget); (the ones imported,
+    module -> why not for the others). A module that fails is left to the code that needs it, to
+    report in its words, as an exec'd rank would."""
+    done: list[str] = []
+    failed: dict[str, str] = {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except Exception as exc:  # any import error is the rank's to report
+            failed[name] = f"{type(exc).__name__}: {exc}"[:300]
+    return done, failed

@@ -88,20 +88,6 @@ def owner_alive(owner: str) -> bool:
     return procstat.runs(pid, ticks)
 
 
-def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Import ``modules``; (the ones imported, module -> why not for the others). A module that
-    fails is the rank's to report when it needs it, as an exec'd rank would."""
-    done: list[str] = []
-    failed: dict[str, str] = {}
-    for name in modules:
-        try:
-            importlib.import_module(name)
-            done.append(name)
-        except Exception as exc:  # any import error is the rank's to report, as an exec'd rank would
-            failed[name] = f"{type(exc).__name__}: {exc}"[:300]
-    return done, failed
-
-
 def warm_up(modules: list[str]) -> dict[str, Any]:
     """Everything a launch would import, once; what was imported and in how long."""
     started = time.time()
@@ -118,7 +104,7 @@ def warm_up(modules: list[str]) -> dict[str, Any]:
 
     import perfsuite.rank.worker.__main__  # noqa: F401 - the rank's entry and its imports
 
-    done, failed = preload(modules)
+    done, failed = fresh.preload(modules)
     return {"imports_s": round(time.time() - started, 3), "preloaded": done, "failed": failed}
 
 
