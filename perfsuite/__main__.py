@@ -313,12 +313,13 @@ PYTEST_PASS_THROUGH = ("calibrate", "selftest", "bootstrap", "ab-rev", "bisect")
 
 def main(argv: list[str] | None = None) -> int:
     """The command's exit status; Ctrl-C or SIGTERM (a cancelled job) stops it and whatever it
-    started (each command's own cleanup, :func:`perfsuite.launch.procs.run_stoppable`): exit 130."""
+    started (each command's own cleanup, :func:`perfsuite.launch.procs.stoppable`): exit 130, but for
+    ``calibrate``, which runs pytest in this process and exits as pytest does (2)."""
     parser = build_parser()
     ns, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if extra and ns.command not in PYTEST_PASS_THROUGH:
         parser.error(f"{ns.command}: unrecognized arguments: {' '.join(extra)}")
-    restore = procs.interrupt_on_sigterm()
+    restore = procs.interrupt_on_sigterm()  # its message: "SIGTERM received, stopping"
     try:
         return dispatch(parser, ns, extra)
     except KeyboardInterrupt as exc:

@@ -299,7 +299,11 @@ def test_ctrl_c_leaves_no_worktree_and_no_scratch(tmp_path: Path) -> None:
     assert not git(repo, "status", "--porcelain")
 
 
-@pytest.mark.parametrize("command", [["bisect", "HEAD~2", "HEAD"], ["ab-rev", "HEAD~1"]], ids=["bisect", "ab-rev"])
+@pytest.mark.parametrize(
+    "command",
+    [["bisect", "HEAD~2", "HEAD"], ["ab-rev", "HEAD~1"], ["selftest", "-k", "hangs", "--trials", "1", "--levels", "0"]],
+    ids=["bisect", "ab-rev", "selftest"],
+)
 def test_sigterm_to_the_command_alone_stops_its_pytest_and_leaves_no_worktree_or_scratch(
     tmp_path: Path, command: list[str]
 ) -> None:

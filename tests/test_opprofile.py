@@ -82,7 +82,7 @@ def test_a_stored_summary_stays_under_its_cap(tmp_path: Path) -> None:
     stored = ProfileStore(tmp_path, "cpu").record("g", "g.s", huge)
     assert len(json.dumps(stored.to_json())) <= MAX_SUMMARY_BYTES and stored.ops[-1].name == OTHER
     assert sum(op.cpu_us for op in stored.ops) == pytest.approx(sum(op.cpu_us for op in huge.ops))
-    assert ProfileStore(tmp_path, "cpu").get("g", "g.s") == stored  # read back from the file
+    assert ProfileStore(tmp_path, "cpu").lookup("g", "g.s").profile == stored  # read back from the file
     assert fit(BASE) == BASE
 
 

@@ -273,6 +273,26 @@ def test_each_processor_keeps_its_op_profile_and_reads_only_its_own(tmp_path: Pa
     assert "processor" not in again and again[OTHER_PROCESSORS] == first[OTHER_PROCESSORS]
 
 
+def test_op_profile_files_name_their_version_and_an_unnamed_profile_is_taken_as_this_processors(
+    tmp_path: Path,
+) -> None:
+    path = ProfileStore(tmp_path, "cpu").path("g")
+    ProfileStore(tmp_path, "cpu").record("g", "g.s", op_profile(5.0))  # a GPU-like store: names none
+    assert json.loads(path.read_text())["version"] == 1  # as every perfsuite wrote and reads it
+    # An unnamed profile (recorded before perfsuite kept the processor) may be this processor's:
+    # read as such, as an unnamed baseline entry is, and replaced by its recording.
+    assert ProfileStore(tmp_path, "cpu", ZEN4).lookup("g", "g.s") == Lookup(op_profile(5.0), 0)
+    ProfileStore(tmp_path, "cpu", ZEN4).record("g", "g.s", op_profile(2.0))
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 2  # names a processor: an older perfsuite refuses it, never records over it
+    assert doc["scenarios"]["g.s"]["processor"] == ZEN4 and OTHER_PROCESSORS not in doc["scenarios"]["g.s"]
+    assert ProfileStore(tmp_path, "cpu", ZEN3).lookup("g", "g.s") == Lookup(None, 1)
+    doc["version"] = 3
+    path.write_text(json.dumps(doc))
+    with pytest.raises(BaselineError, match=r"op_profiles/g\.json: not an op profile file of version \(1, 2\)"):
+        ProfileStore(tmp_path, "cpu", ZEN4).lookup("g", "g.s")
+
+
 def test_a_session_reads_and_records_op_profiles_as_its_processor(tmp_path: Path) -> None:
     def store_of(profile: Any, processor: dict[str, Any]) -> ProfileStore:
         settings = RunSettings(profile=profile, baselines_dir=tmp_path, workdir=tmp_path)
@@ -320,7 +340,7 @@ def test_a_second_op_profile_of_one_processor_is_refused(tmp_path: Path) -> None
     store.path("g").parent.mkdir(parents=True)
     store.path("g").write_text(json.dumps(doc))
     with pytest.raises(BaselineError, match="must name a processor no other profile of the scenario has"):
-        store.get("g", "g.s")
+        store.lookup("g", "g.s")
 
 
 def test_the_committed_op_profiles_are_each_processors_own() -> None:
@@ -332,7 +352,11 @@ def test_the_committed_op_profiles_are_each_processors_own() -> None:
         entries = load_group(REPO / "baselines" / "cpu" / path.name)
         for key in json.loads(path.read_text())["scenarios"]:
             procs = {e.fingerprint["processor"]["model_number"]: e.fingerprint["processor"] for e in entries[key]}
-            own = [n for n, proc in procs.items() if ProfileStore(REPO / "baselines", "cpu", proc).get(path.stem, key)]
+            own = [
+                n
+                for n, proc in procs.items()
+                if ProfileStore(REPO / "baselines", "cpu", proc).lookup(path.stem, key).profile
+            ]
             kinds[key] = own
             assert ProfileStore(REPO / "baselines", "cpu", XEON).lookup(path.stem, key).profile is None, key
     assert {key: own for key, own in kinds.items() if own != ["1", "17"]} == {

@@ -90,7 +90,7 @@ def test_a_scenario_without_samples_per_s_is_skipped_not_passed(monkeypatch: pyt
 def test_later_pairs_launch_only_the_scenarios_still_open(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # g.big slows 50% and decides in the first pairs; g.close (4% slower, at a 10% minimum effect
     # under +-10% drift) takes more. Once g.big is decided, each side selects g.close's node id alone.
-    trees = {side: tmp_path / side for side in ("base", "candidate")}
+    trees = {side: tmp_path / side for side in (abrev.BASE, abrev.CANDIDATE)}
     for tree in trees.values():
         (tree / "bench_tests").mkdir(parents=True)
         (tree / "bench_tests" / "test_g.py").write_text("")
@@ -117,10 +117,36 @@ def test_later_pairs_launch_only_the_scenarios_still_open(monkeypatch: pytest.Mo
     assert [paths for _, paths in asked[:2]] == [("bench_tests",)] * 2  # the first pair: the user's selection
     assert all(paths == both for _, paths in asked[2 : 2 * big_pairs])  # then the open ones, by node id
     assert all(paths == (nodeid["g.close"],) for _, paths in asked[2 * big_pairs :]) and asked[2 * big_pairs :]
-    # A side whose results name no node ids (a revision from before them) runs the whole selection.
-    assert abrev.selection(trees["base"], Settings(), SideRun({}), ["g.close"]) == ("bench_tests",)
+    # Both sides narrow or neither: a side whose results name no node ids (a revision from before
+    # them), or name a file the other tree lacks, keeps both on the whole selection.
+    named = SideRun({}, nodeids={"g.close": nodeid["g.close"]})
+    assert abrev.selection(trees, {"base": named, "candidate": named}, ["g.close"]) == (nodeid["g.close"],)
+    assert abrev.selection(trees, {"base": SideRun({}), "candidate": named}, ["g.close"]) is None
     gone = SideRun({}, nodeids={"g.close": "bench_tests/test_gone.py::test_g[g.close]"})
-    assert abrev.selection(trees["base"], Settings(), gone, ["g.close"]) == ("bench_tests",)
+    assert abrev.selection(trees, {"base": gone, "candidate": gone}, ["g.close"]) is None
+
+
+def test_a_base_without_node_ids_keeps_both_sides_on_the_whole_selection(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    trees = {side: tmp_path / side for side in (abrev.BASE, abrev.CANDIDATE)}
+    for tree in trees.values():
+        (tree / "bench_tests").mkdir(parents=True)
+        (tree / "bench_tests" / "test_g.py").write_text("")
+    asked: list[tuple[str, ...]] = []
+
+    def run_side(root: Path, paths: tuple[str, ...], args: object, out: Path) -> SideRun:
+        asked.append(tuple(paths))
+        value = 100.0 if root == trees[abrev.BASE] else 50.0
+        spread = (1.2, 0.85, 1.15, 0.8)[len(asked) % 4]  # g.b spreads ~20% a run: it stays open longer
+        launches = {"g.a": OneLaunch("ok", {METRIC: value}), "g.b": OneLaunch("ok", {METRIC: 100.0 * spread})}
+        ids = {} if root == trees[abrev.BASE] else {i: f"bench_tests/test_g.py::test_g[{i}]" for i in launches}
+        return SideRun(launches, dict.fromkeys(launches, 0.1), 1.0, ids)
+
+    monkeypatch.setattr(abrev, "run_side", run_side)
+    results = {r.id: r for r in ab_trees(trees[abrev.BASE], trees[abrev.CANDIDATE], Settings(max_pairs=6), tmp_path)}
+    assert results["g.a"].verdict == "regression" and results["g.a"].pairs < results["g.b"].pairs
+    assert set(asked) == {("bench_tests",)}
 
 
 def test_undecided_is_not_judged(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -125,18 +125,24 @@ def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: 
     results = document["results"]
     default = float(document.get("min_effect") or CPU.min_effect)  # a revision from before min_effect: cpu's
     effects = {r["id"]: float((r.get("config") or {}).get("min_effect") or default) for r in results}
-    nodeids = document.get("nodeids") or {}
+    found = document.get("nodeids")
+    nodeids = {k: v for k, v in found.items() if isinstance(v, str)} if isinstance(found, dict) else {}
     return SideRun({r["id"]: launch_of(r) for r in results}, effects, time.monotonic() - started, nodeids)
 
 
-def selection(root: Path, settings: Settings, last: SideRun | None, still: Sequence[str]) -> tuple[str, ...]:
-    """What a side's next run selects: the node ids of the scenarios ``still`` open, where its last run
-    named every one of them and each names a file in ``root`` (node ids are relative to pytest's
-    rootdir), so a decided scenario is not launched again; else the paths the user gave."""
-    named = [last.nodeids.get(scenario_id, "") for scenario_id in still] if last is not None else []
-    if not named or not all(n and (root / n.split("::")[0]).is_file() for n in named):
-        return settings.paths
-    return tuple(named)
+def selection(roots: Mapping[str, Path], last: Mapping[str, SideRun], still: Sequence[str]) -> tuple[str, ...] | None:
+    """What both sides' next runs select: the node ids of the scenarios ``still`` open, so a decided
+    one is not launched again, where each side's last run named every one of them alike and each
+    names a file of each tree (node ids are relative to the folder pytest runs in); else None, and
+    both run the user's selection. Both sides or neither: an A/B compares identical runs."""
+    named = {tuple(run.nodeids.get(scenario_id, "") for scenario_id in still) for run in last.values()}
+    if not still or len(last) != len(roots) or len(named) != 1:
+        return None
+    (ids,) = named
+    files = {n.split("::")[0] for n in ids}
+    if not all(ids) or not all((root / f).is_file() for root in roots.values() for f in files):
+        return None
+    return ids
 
 
 def own_plugin(root: Path) -> list[str]:
@@ -180,13 +186,9 @@ def ab_trees(
     still: list[str] = []
     for pair in range(settings.max_pairs):
         order = (BASE, CANDIDATE) if sequential.base_first(pair) else (CANDIDATE, BASE)
+        paths = selection({side: root for side, (root, _) in roots.items()}, last, still)
         runs = {
-            side: run_side(
-                roots[side][0],
-                selection(roots[side][0], settings, last.get(side), still),
-                roots[side][1],
-                scratch / f"{side}-{pair}.json",
-            )
+            side: run_side(roots[side][0], paths or settings.paths, roots[side][1], scratch / f"{side}-{pair}.json")
             for side in order
         }
         last = runs

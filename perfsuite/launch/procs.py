@@ -119,11 +119,12 @@ def dump_worker_stacks(token: str, settle_s: float = 2.0, sessions: Collection[i
         time.sleep(settle_s)  # faulthandler writes synchronously; leave time to flush
 
 
-def interrupt_on_sigterm() -> Callable[[], None]:
+def interrupt_on_sigterm(prefix: str = "") -> Callable[[], None]:
     """Make SIGTERM (a cancelled CI job, Slurm's scancel) stop this process as Ctrl-C does, so
     its cleanup stops every child, agent and rank before it exits; by default SIGTERM ends the
-    process at once and orphans them. Left alone when someone else already handles SIGTERM, or
-    off the main thread. Returns the finalizer that restores the previous handler."""
+    process at once and orphans them. ``prefix`` leads the KeyboardInterrupt's message. Left
+    alone when someone else already handles SIGTERM, or off the main thread. Returns the
+    finalizer that restores the default."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = signal.getsignal(signal.SIGTERM)
@@ -131,7 +132,7 @@ def interrupt_on_sigterm() -> Callable[[], None]:
         return lambda: None
 
     def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+        raise KeyboardInterrupt(f"{prefix}{signal.Signals(signum).name} received, stopping")
 
     signal.signal(signal.SIGTERM, interrupt)
 
@@ -141,18 +142,47 @@ def interrupt_on_sigterm() -> Callable[[], None]:
     return restore
 
 
+#: The signals that stop a run: Ctrl-C and a cancelled job's SIGTERM.
+STOPPING = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """A second Ctrl-C or SIGTERM must not stop a cleanup half way and leave things behind."""
+    """A second Ctrl-C or SIGTERM must not stop a cleanup half way and leave things behind.
+    (Ignored, so a child started meanwhile, a ``git worktree remove``, ignores them too.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOPPING}
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ctrl-C or SIGTERM during the block is delivered after it, to the handler that was there
+    before. Around a child's start: ``Popen`` forks, then waits for the exec, and an interrupt in
+    between would leave a child that nobody stops. Recorded, not ignored: a child inherits an
+    ignored signal, never a handler. A signal ignored before stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = {
+        signum: signal.signal(signum, lambda got, frame: came.append(got))
+        for signum in STOPPING
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for got in dict.fromkeys(came):
+            signal.raise_signal(got)
 
 
 def stop_group(proc: subprocess.Popen[Any], grace_s: float = CHILD_GRACE_S) -> None:
@@ -174,24 +204,29 @@ def stop_group(proc: subprocess.Popen[Any], grace_s: float = CHILD_GRACE_S) -> N
         os.killpg(proc.pid, signal.SIGKILL)  # what the leader left behind in its group
 
 
+@contextlib.contextmanager
+def stoppable(argv: Sequence[str], **popen: Any) -> Iterator[subprocess.Popen[Any]]:
+    """``argv`` started in a session of its own (``popen``: Popen's other arguments), and its whole
+    group stopped (:func:`stop_group`) when the block is left by an exception: Ctrl-C, SIGTERM, or
+    the caller's own. A signal during the start waits until the child exists (:func:`signals_deferred`)."""
+    proc: subprocess.Popen[Any] | None = None
+    try:
+        with signals_deferred():
+            proc = subprocess.Popen(list(argv), start_new_session=True, **popen)
+        yield proc
+    except BaseException:
+        if proc is not None:
+            stop_group(proc)
+        raise
+
+
 def run_stoppable(
     argv: Sequence[str], cwd: Path | None = None, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(argv, capture_output=True, text=True)``, in a session of its own and
-    stopped with its whole group (:func:`stop_group`) when this process is interrupted.
-    ``subprocess.run`` would SIGKILL the child alone, which then cannot stop what it started."""
-    proc = subprocess.Popen(
-        list(argv),
-        cwd=cwd,
-        env=None if env is None else dict(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    """``subprocess.run(argv, capture_output=True, text=True)`` that stops the child's whole group
+    when this process is interrupted (:func:`stoppable`): ``subprocess.run`` would SIGKILL the child
+    alone, which then cannot stop what it started. Output bytes that are not UTF-8 are replaced."""
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "encoding": "utf-8", "errors": "replace"}
+    with stoppable(argv, cwd=cwd, env=None if env is None else dict(env), **pipes) as proc:
         out, err = proc.communicate()
-    except BaseException:
-        stop_group(proc)
-        raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -1,28 +1,19 @@
 """Guards of the pytest process: no scenario under pytest-xdist (parallel
-scenarios measure each other), a warning or an error when other processes use
-the GPUs, and SIGTERM turned into Ctrl-C so that a cancelled job still stops
-every agent and rank. Pytest side, torch-free.
+scenarios measure each other), and a warning or an error when other processes use
+the GPUs. Pytest side, torch-free.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 
 import pytest
 
-from perfsuite.launch import procs
 from perfsuite.launch.fingerprint import foreign_gpu_processes
 
 
 class BusyGpuWarning(UserWarning):
     """Other processes were using the GPUs when the session started."""
-
-
-def stop_on_sigterm() -> Callable[[], None]:
-    """SIGTERM stops the run as Ctrl-C does, so the launcher's cleanup stops every agent and rank
-    before pytest exits (:func:`perfsuite.launch.procs.interrupt_on_sigterm`)."""
-    return procs.interrupt_on_sigterm()
 
 
 def check_xdist(config: pytest.Config) -> None:

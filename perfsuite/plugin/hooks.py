@@ -7,6 +7,7 @@ verdict fails, skips or passes *that* test, never a session hook.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sys
 from collections.abc import Generator
@@ -21,7 +22,7 @@ from perfsuite.gate.session import PerfSession, RunSettings, ScenarioResult
 from perfsuite.judge.ceilings import Ceilings, ceilings_first
 from perfsuite.judge.compare import MetricCheck, check_metric
 from perfsuite.judge.coverage import Coverage, coverage_of
-from perfsuite.launch import Launcher
+from perfsuite.launch import Launcher, procs
 from perfsuite.launch.envs import PythonEnv
 from perfsuite.launch.progress import Progress
 from perfsuite.plugin import collection, exitstatus, guards, hookspecs, machine, modes, options, tiers
@@ -140,7 +141,9 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         guards.check_xdist(config)
         guards.check_gpus_idle(config)
         exitstatus.load_quarantine(config, settings.baselines_dir, settings.profile.name)
-        request.addfinalizer(guards.stop_on_sigterm())
+        # SIGTERM (a cancelled job) stops the run as Ctrl-C does: the launcher then stops every
+        # agent and rank before pytest exits, instead of orphaning them.
+        request.addfinalizer(procs.interrupt_on_sigterm("perfsuite: "))
         launcher = config.stash[LAUNCHER_KEY]
         config.stash[SESSION_KEY] = PerfSession(
             settings, machine.fingerprint(config), launcher, _compare(config), _extra_metrics(config), _progress(config)
@@ -183,7 +186,14 @@ class Perf:
         return modes.of(self.request.config).check(self.session, scenario, self.request.node.nodeid)
 
     def _ran(self, scenario: BaseScenario) -> None:
-        self.request.config.stash.setdefault(NODEIDS_KEY, {})[scenario.id] = self.request.node.nodeid
+        config = self.request.config
+        config.stash.setdefault(NODEIDS_KEY, {})[scenario.id] = invoked_as(config, self.request.node.nodeid)
+
+
+def invoked_as(config: pytest.Config, nodeid: str) -> str:
+    """``nodeid`` (relative to pytest's rootdir) as a command line in the invocation folder selects it."""
+    path, sep, rest = nodeid.partition("::")
+    return os.path.relpath(config.rootpath / path, config.invocation_params.dir) + sep + rest
 
     def check_relation(self, relation: Relation) -> RelationOutcome:
         """Check a relation between two scenarios of this run; fail if violated."""

@@ -6,7 +6,8 @@ write under the group file's lock, merged into what is on disk, and a corrupt
 or foreign file is an error that names it and is never rewritten. A summary
 over :data:`perfsuite.core.opprofile.MAX_SUMMARY_BYTES` keeps fewer ops until it fits.
 On cpu, as its baselines, one profile per processor: the first where a scenario's profile
-always was, the others in its ``other_processors``, each naming its ``processor``.
+always was, the others in its ``other_processors``, each naming its ``processor``; such a
+file is version 2, so an older perfsuite refuses it rather than recording over it.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ from perfsuite.core.protocol import ProtocolError, decode
 from perfsuite.store.baselines import LOCK_TIMEOUT_S, OTHER_PROCESSORS, BaselineError, same_processor, slot_among
 
 FOLDER = "op_profiles"
-#: Key naming the processor a stored profile was recorded on, and key of the other processors' profiles
-#: of a scenario, as a baseline file keeps them (:mod:`perfsuite.store.baselines`).
+#: Key naming the processor a stored profile was recorded on (the other processors' profiles of a
+#: scenario are under ``other_processors``, as in a baseline file: :mod:`perfsuite.store.baselines`).
 PROCESSOR = "processor"
+#: The file version written when a profile names its processor, so that an older perfsuite refuses
+#: the file rather than recording over it; a file without is written as version 1, as before.
+NAMED_VERSION = 2
+READABLE_VERSIONS = (1, NAMED_VERSION)
 
 
 @dataclass(frozen=True)
@@ -73,9 +78,6 @@ class ProfileStore:
         at = slot_among([e.processor for e in entries], self.processor)
         return Lookup(entries[at].profile if at is not None else None, len(entries) - (at is not None))
 
-    def get(self, group: str, scenario_id: str) -> OpProfile | None:
-        return self.lookup(group, scenario_id).profile
-
     def record(self, group: str, scenario_id: str, profile: OpProfile) -> OpProfile:
         """Store ``profile`` (trimmed to the size cap) as this processor's for ``scenario_id``; returns what was stored."""
         path = self.path(group)
@@ -113,8 +115,9 @@ def fit(profile: OpProfile, limit: int = MAX_SUMMARY_BYTES) -> OpProfile:
 
 
 def _document(group: str, entries: Mapping[str, tuple[StoredProfile, ...]]) -> dict[str, Any]:
+    named = any(e.processor is not None for found in entries.values() for e in found)
     return {
-        "version": VERSION,
+        "version": NAMED_VERSION if named else VERSION,
         "group": group,
         "written_at": datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
         "scenarios": {key: _scenario_json(entries[key]) for key in sorted(entries)},
@@ -139,8 +142,12 @@ def _load(path: Path) -> dict[str, tuple[StoredProfile, ...]]:
     fix = "fix or delete it, then store a fresh one with --perf-update-baselines"
     try:
         doc = json.loads(path.read_text())
-        if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("scenarios"), dict):
-            raise BaselineError(f"op profile file {path}: not a version-{VERSION} op profile file; {fix}")
+        if (
+            not isinstance(doc, dict)
+            or doc.get("version") not in READABLE_VERSIONS
+            or not isinstance(doc.get("scenarios"), dict)
+        ):
+            raise BaselineError(f"op profile file {path}: not an op profile file of version {READABLE_VERSIONS}; {fix}")
         return {key: _entries(value, f"scenarios[{key!r}]") for key, value in doc["scenarios"].items()}
     except (OSError, json.JSONDecodeError, ProtocolError, TypeError) as exc:
         raise BaselineError(f"op profile file {path}: cannot be read ({exc}); {fix}") from None

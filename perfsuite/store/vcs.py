@@ -1,4 +1,5 @@
-"""The git commit a run measured, read from the pytest rootdir.
+"""git, for what is kept between runs: the commit a run measured, read from the pytest rootdir,
+and the one git runner of the commands that read revisions (``ab-rev``, ``bisect``).
 
 Both exporters name the same commit: pytest-benchmark's own helper reads the
 current directory instead, which need not be the project's checkout.
@@ -48,18 +49,23 @@ class GitError(ValueError):
     """A git command failed: its arguments and git's own message."""
 
 
-def git(repo: Path, *args: str) -> str:
+def git(repo: Path, *args: str, timeout_s: float | None = None) -> str:
     """What git prints for ``args`` in ``repo``, or :class:`GitError` with git's message."""
-    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise GitError(f"git {' '.join(args)}: {exc}") from None
     if done.returncode:
         raise GitError(f"git {' '.join(args)}: {done.stderr.strip() or f'exit {done.returncode}'}")
     return done.stdout
 
 
 def git_output(root: Path, *args: str) -> str | None:
-    """What git prints for ``args`` in ``root``; None where git fails or is missing."""
+    """What git prints for ``args`` in ``root``; None where git fails or is missing (a run must not
+    fail for that)."""
     try:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        return git(root, *args, timeout_s=30).strip()
+    except GitError:
         return None
-    return done.stdout.strip() if done.returncode == 0 else None

@@ -68,20 +68,18 @@ def safe(key: str) -> str:
 
 
 def run_logged(cmd: Sequence[str], log: Path, timeout_s: float) -> int | None:
-    """Exit status of ``cmd`` (output to ``log``), or None when it ran out of time and was stopped."""
+    """Exit status of ``cmd`` (output to ``log``), or None when it ran out of time and was stopped.
+    Stopped with its processes too when the bootstrap itself is (:func:`perfsuite.launch.procs.stoppable`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as handle:
         handle.write("+ " + " ".join(cmd) + "\n")
         handle.flush()
-        proc = subprocess.Popen(list(cmd), stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout=max(1.0, timeout_s))
-        except subprocess.TimeoutExpired:
-            procs.stop_group(proc)
-            return None
-        except BaseException:  # the bootstrap itself is stopped: take the step's processes with it
-            procs.stop_group(proc)
-            raise
+        with procs.stoppable(cmd, stdout=handle, stderr=subprocess.STDOUT) as proc:
+            try:
+                return proc.wait(timeout=max(1.0, timeout_s))
+            except subprocess.TimeoutExpired:
+                procs.stop_group(proc)
+                return None
 
 
 def tail(path: Path) -> str:

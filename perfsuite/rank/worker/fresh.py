@@ -1,7 +1,8 @@
 """What a forked process resets so that it runs as a fresh interpreter would (launched side):
-the BLAS thread pool's size, and the interpreter's start-up hooks; and the imports both make before a launch. A forked agent (:mod:`perfsuite.rank.worker.warmparent`) and a
-forked rank (:mod:`perfsuite.rank.worker.__main__`) inherit the pool their parent sized when it
-loaded OpenBLAS, before torchrun set ``OMP_NUM_THREADS`` for the ranks."""
+the BLAS thread pool's size and the interpreter's start-up hooks. A forked agent
+(:mod:`perfsuite.rank.worker.warmparent`) and a forked rank (:mod:`perfsuite.rank.worker.__main__`)
+inherit the pool their parent sized when it loaded OpenBLAS, before torchrun set
+``OMP_NUM_THREADS`` for the ranks. Also the imports both make before a launch (:func:`preload`)."""
 
 from __future__ import annotations
 
