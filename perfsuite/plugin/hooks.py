@@ -189,15 +189,15 @@ class Perf:
         config = self.request.config
         config.stash.setdefault(NODEIDS_KEY, {})[scenario.id] = invoked_as(config, self.request.node.nodeid)
 
+    def check_relation(self, relation: Relation) -> RelationOutcome:
+        """Check a relation between two scenarios of this run; fail if violated."""
+        return modes.of(self.request.config).check_relation(self.session, relation)
+
 
 def invoked_as(config: pytest.Config, nodeid: str) -> str:
     """``nodeid`` (relative to pytest's rootdir) as a command line in the invocation folder selects it."""
     path, sep, rest = nodeid.partition("::")
     return os.path.relpath(config.rootpath / path, config.invocation_params.dir) + sep + rest
-
-    def check_relation(self, relation: Relation) -> RelationOutcome:
-        """Check a relation between two scenarios of this run; fail if violated."""
-        return modes.of(self.request.config).check_relation(self.session, relation)
 
 
 @pytest.fixture
