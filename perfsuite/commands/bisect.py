@@ -13,9 +13,9 @@ range still open (exit 3): a guess would send someone to read the wrong commit. 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -96,15 +96,10 @@ def git(repo: Path, *args: str) -> str:
 
 def resolve(repo: Path, rev: str) -> str:
     """REV's full commit, or a one-line error naming it."""
-    done = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode:
-        raise BadInput(f"unknown revision {rev!r}: no such commit in {repo}")
-    return done.stdout.strip()
+    try:
+        return vcs.git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
+    except vcs.GitError:
+        raise BadInput(f"unknown revision {rev!r}: no such commit in {repo}") from None
 
 
 def first_parent_line(repo: Path, good: str, bad: str, names: tuple[str, str]) -> list[tuple[str, str]]:
@@ -112,9 +107,10 @@ def first_parent_line(repo: Path, good: str, bad: str, names: tuple[str, str]) -
     first parents, oldest first; refused unless that line starts right after GOOD."""
     if good == bad:
         raise BadInput(f"GOOD {names[0]!r} and BAD {names[1]!r} are the same commit ({good[:12]}): nothing to search")
-    ancestor = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", good, bad], check=False)
-    if ancestor.returncode:
-        raise BadInput(f"GOOD {names[0]!r} ({good[:12]}) is not an ancestor of BAD {names[1]!r} ({bad[:12]})")
+    try:
+        vcs.git(repo, "merge-base", "--is-ancestor", good, bad)  # exit 1: it is not
+    except vcs.GitError:
+        raise BadInput(f"GOOD {names[0]!r} ({good[:12]}) is not an ancestor of BAD {names[1]!r} ({bad[:12]})") from None
     log = git(repo, "log", "--first-parent", "--reverse", "--format=%H%x09%s", f"{good}..{bad}")
     commits = [(sha, subject) for sha, _, subject in (line.partition("\t") for line in log.splitlines() if line)]
     if not commits:
@@ -144,17 +140,15 @@ class Worktrees:
     def drop(self, commit: str) -> None:
         path = self.paths.pop(commit, None)
         if path is not None:
-            subprocess.run(
-                ["git", "-C", str(self.repo), "worktree", "remove", "--force", str(path)],
-                capture_output=True,
-                check=False,
-            )
+            with contextlib.suppress(vcs.GitError):  # close() removes what git would not
+                vcs.git(self.repo, "worktree", "remove", "--force", str(path))
 
     def close(self) -> None:
         for commit in list(self.paths):
             self.drop(commit)
         shutil.rmtree(self.scratch, ignore_errors=True)  # a worktree git would not remove goes too
-        subprocess.run(["git", "-C", str(self.repo), "worktree", "prune"], capture_output=True, check=False)
+        with contextlib.suppress(vcs.GitError):
+            vcs.git(self.repo, "worktree", "prune")
 
 
 @dataclass

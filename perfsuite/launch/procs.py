@@ -147,18 +147,24 @@ STOPPING = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """A second Ctrl-C or SIGTERM must not stop a cleanup half way and leave things behind.
-    (Ignored, so a child started meanwhile, a ``git worktree remove``, ignores them too.)"""
+def _handlers(new: Mapping[signal.Signals, Any]) -> Iterator[None]:
+    """``new`` installed for the block, the old handlers back after it (only the main thread may set
+    handlers: elsewhere the block runs as it is)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOPPING}
+    previous = {signum: signal.signal(signum, handler) for signum, handler in new.items()}
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def signals_held() -> contextlib.AbstractContextManager[None]:
+    """A second Ctrl-C or SIGTERM must not stop a cleanup half way and leave things behind.
+    (Ignored, so a child started meanwhile, a ``git worktree remove``, ignores them too.)"""
+    return _handlers(dict.fromkeys(STOPPING, signal.SIG_IGN))
 
 
 @contextlib.contextmanager
@@ -167,22 +173,17 @@ def signals_deferred() -> Iterator[None]:
     before. Around a child's start: ``Popen`` forks, then waits for the exec, and an interrupt in
     between would leave a child that nobody stops. Recorded, not ignored: a child inherits an
     ignored signal, never a handler. A signal ignored before stays ignored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     came: list[int] = []
-    previous = {
-        signum: signal.signal(signum, lambda got, frame: came.append(got))
-        for signum in STOPPING
-        if signal.getsignal(signum) is not signal.SIG_IGN
-    }
+
+    def record(signum: int, frame: Any) -> None:
+        came.append(signum)
+
     try:
-        yield
+        with _handlers({s: record for s in STOPPING if signal.getsignal(s) is not signal.SIG_IGN}):
+            yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for got in dict.fromkeys(came):
-            signal.raise_signal(got)
+        for signum in dict.fromkeys(came):
+            signal.raise_signal(signum)
 
 
 def stop_group(proc: subprocess.Popen[Any], grace_s: float = CHILD_GRACE_S) -> None:
