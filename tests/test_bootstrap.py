@@ -19,7 +19,7 @@ from conftest import FAKE_NVML
 
 from perfsuite.commands.bootstrap import run as run_module
 from perfsuite.commands.bootstrap.costs import DEFAULT_LAUNCH_S, Costs, CostsError
-from perfsuite.commands.bootstrap.plan import Done, Plan, Settings, Step, Target, make_plan, rounds
+from perfsuite.commands.bootstrap.plan import Done, Plan, Settings, Step, Target, make_plan, rounds, shape_of
 from perfsuite.commands.bootstrap.run import Budget
 from perfsuite.commands.bootstrap.state import State, StepRecord
 from perfsuite.commands.bootstrap.steps import Context, judge, run_logged, selftest_left, selftest_step
@@ -234,6 +234,15 @@ def test_a_step_that_does_not_fit_waits_and_later_ones_that_fit_run(
         "baseline:m.tight",
         "baseline:m.last",
     ]
+
+
+def test_the_plan_names_a_teams_model_by_its_source_and_lists_no_empty_heading() -> None:
+    """A ``module`` or ``hf`` model has no layers x hidden of perfsuite's (they read ``0x0``)."""
+    team = {"family": "module", "source": "perf_models.example:build", "layers": 0, "hidden": 0}
+    assert shape_of({"model": team, "strategy": "ddp"}) == "module perf_models.example:build strategy=ddp"
+    assert shape_of({"model": {"family": "gpt2", "layers": 2, "hidden": 64}}) == "gpt2 2x64"
+    assert "not here:" not in Plan((), ()).lines(60)
+    assert Plan((), (), {"m.gpu": "needs CUDA"}).lines(60)[-2:] == ["not here:", f"  {'m.gpu':<48} needs CUDA"]
 
 
 FAKE_SELFTEST = """#!{python}

@@ -203,6 +203,13 @@ class Hang(DDPStrategy):
             print("rank 1 about to hang", file=sys.stderr, flush=True)
             time.sleep(3600)
         return super().forward_backward(batch, sync_grads)
+
+class Exit(DDPStrategy):  # a library's exit(): no exception, no signal, no report
+    def forward_backward(self, batch, sync_grads):
+        if self.ctx.rank == 1:
+            print("planted exit on rank 1", file=sys.stderr, flush=True)
+            os._exit(7)
+        return super().forward_backward(batch, sync_grads)
 """
 
 
@@ -210,6 +217,14 @@ class Hang(DDPStrategy):
     ("strategy", "timeout", "expected"),
     [
         ("faults:Crash", 120, ["*tiny.fault: error: workers crash: rank 1 during wrap*planted failure on rank 1*"]),
+        (  # torchrun's summary names rank 1 and its code; rank 0, stopped after it, is not the cause
+            "faults:Exit",
+            120,
+            [
+                "*tiny.fault: error: workers crash: rank 1 during *: exited with code 7 before it could report*",
+                "*none of the 1 scenario(s) measured anything (1 crash), so this run proves nothing*",
+            ],
+        ),
         (  # rank 1 hangs in its first step, ~5 s in (~10 s beside a busy xdist worker)
             "faults:Hang",
             18,

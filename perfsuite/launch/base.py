@@ -198,12 +198,13 @@ def _classify_failure(job: WorkerJob, reports: Mapping[int, RankReport], wall_s:
     failed = [r for r in range(job.world_size) if r not in reports or reports[r].status != "ok"]
     tails = {r: stderr_tail(job, r) for r in failed}
     oom_ranks = [r for r in failed if (r in reports and reports[r].status == "oom") or OOM_PATTERNS.search(tails[r])]
-    # A rank a signal killed first is the cause: the agent stops the others after it.
-    killed = {r: sig for r, sig in root_cause_signals(job).items() if r in failed and r not in reports}
+    # The rank that ended first without a report (a signal, or a library's exit()) is the cause:
+    # the agent stops the others after it.
+    first = {r: code for r, code in root_causes(job).items() if r in failed and r not in reports}
     # Prefer a rank that reported its own error over one torchrun killed afterwards.
     reported = [r for r in failed if r in reports]
-    rank = (oom_ranks or list(killed) or reported or failed)[0]
-    message = (reports[rank].error if rank in reports else "") or _no_report(killed.get(rank))
+    rank = (oom_ranks or list(first) or reported or failed)[0]
+    message = (reports[rank].error if rank in reports else "") or _no_report(first.get(rank))
     failure = RankFailure(rank, message, tails[rank], read_phase(job, rank))
     said = [reports[r] for r in sorted(reports) if reports[r].status in ("oom", "crash")]
     return LaunchOutcome("oom" if oom_ranks else "crash", [], failure, wall_s=wall_s, failed_reports=said)
@@ -217,21 +218,23 @@ _ROOT_CAUSE = re.compile(
 )
 
 
-def root_cause_signals(job: WorkerJob) -> dict[int, int]:
-    """Ranks the agents' failure summaries name as the first failure and that a
-    signal ended (rank -> signal number), from the agent logs in the job folder."""
+def root_causes(job: WorkerJob) -> dict[int, int]:
+    """Ranks the agents' failure summaries name as the first failure, with their exit codes
+    (negative: the signal that ended it), from the agent logs in the job folder."""
     found: dict[int, int] = {}
     for log in sorted(job.workdir.glob("agent*.log")):
         for match in _ROOT_CAUSE.finditer(log.read_text(errors="replace")):
-            code = int(match["code"])
-            if code < 0:
-                found[int(match["rank"])] = -code
+            found[int(match["rank"])] = int(match["code"])
     return found
 
 
-def _no_report(signum: int | None) -> str:
-    if signum is None:
+def _no_report(code: int | None) -> str:
+    if code is None:
         return "worker exited without a report"
+    if code >= 0:
+        # perfsuite's worker always reports before it exits, so something in the process ended it.
+        return f"exited with code {code} before it could report (an exit() in the model, its step or a library)"
+    signum = -code
     try:
         name = signal.Signals(signum).name
     except ValueError:

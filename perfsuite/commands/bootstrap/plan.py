@@ -144,7 +144,8 @@ class Plan:
                 for t in self.targets
             ),
         ]
-        return [*found, "not here:", *(f"  {i:<48} {why}" for i, why in self.not_here.items())]
+        absent = [f"  {i:<48} {why}" for i, why in self.not_here.items()]
+        return [*found, *(["not here:", *absent] if absent else [])]
 
 
 def fits(step: Step, left_s: float) -> bool:
@@ -156,7 +157,9 @@ def shape_of(config: Mapping[str, Any]) -> str:
     parts = []
     model = config.get("model")
     if isinstance(model, Mapping):
-        parts.append(f"{model.get('family')} {model.get('layers')}x{model.get('hidden')}")
+        # A team's module or a transformers type has no layers x hidden of perfsuite's: its source names it.
+        size = model.get("source") or f"{model.get('layers')}x{model.get('hidden')}"
+        parts.append(f"{model.get('family')} {size}")
     parts += [f"{name}={config[name]}" for name in SHAPE_FIELDS if config.get(name) not in (None, "", ())]
     return " ".join(parts)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -129,7 +130,15 @@ class BaselineMode(Mode):
             return ""
         shown = "; ".join(f"{r.scenario.id}: {r.judgement.message}" for r in results[:3])
         more = f" (and {len(results) - 3} more)" if len(results) > 3 else ""
+        ended = collections.Counter(r.status for r in results)
+        how = (
+            f"all {len(results)} scenario(s) skipped without measuring"
+            if set(ended) == {"skipped"}
+            else f"none of the {len(results)} scenario(s) measured anything ("
+            + ", ".join(f"{n} {status}" for status, n in sorted(ended.items()))
+            + ")"
+        )
         return (
-            f"all {len(results)} scenario(s) skipped without measuring, so this run proves nothing and exits "
+            f"{how}, so this run proves nothing and exits "
             f"non-zero: {shown}{more}. `python -m perfsuite doctor` shows what can run here."
         )
