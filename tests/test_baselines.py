@@ -61,6 +61,14 @@ def test_update_keeps_hand_set_fields_and_other_scenarios(tmp_path: Path) -> Non
         ('{"schema_version": 1, "scenarios": {"g.a": {"expected": "sometimes"}}}', "expected"),
         ('{"schema_version": 1, "scenarios": {"g.a": {"metrics": {"peak_mem_mib": "big"}}}}', "peak_mem_mib"),
         ('{"schema_version": 1, "scenarios": {"g.a": {"tolerances": {"samples_per_s": 2}}}}', "tolerances"),
+        (
+            '{"schema_version": 1, "scenarios": {"g.a": {"metrics": {"tflops": {"mean": 1.0, "std": "fast", "n": 8}}}}}',
+            r"metrics\.tflops\.std must be a finite number",
+        ),
+        (
+            '{"schema_version": 1, "scenarios": {"g.a": {"metrics": {"tflops": {"mean": 1.0, "std": 0.1, "n": null}}}}}',
+            r"metrics\.tflops\.n must be a whole number",
+        ),
     ],
 )
 def test_invalid_file_is_named_and_never_overwritten(tmp_path: Path, content: str, problem: str) -> None:
@@ -83,6 +91,20 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
     # The lock file stays (removing it races a waiting writer); git ignores it.
     assert sorted(p.name for p in (tmp_path / "cpu").iterdir()) == ["g.json", "g.json.lock"]
     assert list(json.loads((tmp_path / "cpu" / "g.json").read_text())["scenarios"]) == ["g.s0", "g.s1", "g.s2"]
+
+
+def test_a_written_file_keeps_its_mode_and_a_new_one_follows_the_umask(tmp_path: Path) -> None:
+    """The temp file behind an atomic write is 0600; a baseline others read must not become so."""
+    store, path = BaselineStore(tmp_path, "cpu"), tmp_path / "cpu" / "g.json"
+    old = os.umask(0o027)
+    try:
+        store.record("g", "g.a", "ok", METRICS, {})
+        assert path.stat().st_mode & 0o777 == 0o640
+        path.chmod(0o664)
+        store.record("g", "g.b", "ok", METRICS, {})
+        assert path.stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(old)
 
 
 def _record_many(root: str, prefix: str, count: int, start: Any) -> None:

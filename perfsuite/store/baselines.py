@@ -127,6 +127,12 @@ def _check_metric(path: Path, where: str, value: Any) -> None:
     if isinstance(value, dict):
         if not _finite(value.get("mean")):
             raise _problem(path, where, f"must hold a finite numeric 'mean', got {value.get('mean')!r}")
+        # The t-test reads the spread and the count when they are there.
+        std, n = value.get("std", 0.0), value.get("n", 0)
+        if not _finite(std) or std < 0:
+            raise _problem(path, f"{where}.std", f"must be a finite number >= 0 (or absent), got {std!r}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise _problem(path, f"{where}.n", f"must be a whole number >= 0 (or absent), got {n!r}")
     elif not _finite(value):
         raise _problem(path, where, f"must be a finite number or {{mean, std, n}}, got {value!r}")
 
