@@ -189,6 +189,20 @@ def test_selftest_still_needs_k_unless_it_simulates(capsys: pytest.CaptureFixtur
         main(["selftest", "--simulate", "--pairs", "1"])
 
 
+def test_a_missing_or_broken_baselines_folder_is_named_not_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["selftest", "--simulate", "--profile", "cpu", "--draws", "200", "--baselines"]
+    assert main([*argv, str(tmp_path / "nope")]) == 2
+    assert f"--baselines {tmp_path / 'nope'}: no such folder" in capsys.readouterr().err
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "bootstrap-costs.json").write_text("{}")  # the bootstrap's, no group: not read as one
+    assert main([*argv, str(tmp_path)]) == 0
+    (tmp_path / "cpu" / "microbench.json").write_text('{"schema_version": 1, "scen')
+    assert main([*argv, str(tmp_path)]) == 2
+    assert f"baseline file {tmp_path / 'cpu' / 'microbench.json'}: content is not valid JSON" in capsys.readouterr().err
+
+
 def _entry(cv: float, n: int = 20, launches: int = 3, **extra: object) -> BaselineEntry:
     stored = {"mean": 100.0, "std": 100.0 * cv, "n": n * launches}
     return BaselineEntry(

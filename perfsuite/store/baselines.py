@@ -227,6 +227,10 @@ def load_group_file(path: Path) -> dict[str, BaselineEntry]:
     return {key: entries[0] for key, entries in load_group(path).items()}
 
 
+#: The bootstrap's measured launch costs, kept beside a profile's group files (commands.bootstrap.costs).
+COSTS_FILENAME = "bootstrap-costs.json"
+
+
 class BaselineStore:
     """Baselines of one profile; group files are read once and cached.
 
@@ -244,6 +248,11 @@ class BaselineStore:
 
     def path(self, group: str) -> Path:
         return self.folder / f"{group}.json"
+
+    def groups(self) -> list[str]:
+        """The groups with a baseline file here (the bootstrap's cost file beside them is none)."""
+        files = self.folder.glob("*.json") if self.folder.is_dir() else ()
+        return sorted(path.stem for path in files if path.name != COSTS_FILENAME)
 
     def _entries(self, group: str) -> dict[str, tuple[BaselineEntry, ...]]:
         if group not in self._cache:
