@@ -294,6 +294,14 @@ def test_bad_scenario_fails_collection_naming_the_field(pytester: pytest.Pyteste
         ("--perf-timeout=-3", "*--perf-timeout must be a positive number*"),
         ("--perf-rdzv-endpoint=127.0.0.1:29400", "*--perf-rdzv-endpoint only applies with --perf-launcher=torchrun*"),
         ("--perf-baselines=/nonexistent/dir", "*--perf-baselines /nonexistent/dir: no such folder*"),
+        # Output paths are tried before anything runs, not after (root passes permission bits on /proc).
+        (
+            "--perf-json=/dev/null/r.json",
+            "*--perf-json /dev/null/r.json: cannot write there: /dev/null is not a folder*",
+        ),
+        ("--perf-artifacts=/proc/perf", "*--perf-artifacts /proc/perf: cannot write there: /proc/perf: *"),
+        ("--perf-history=/dev/null", "*--perf-history must name a folder*"),
+        ("--perf-history=/proc/perf", "*--perf-history /proc/perf: cannot write there: /proc/perf: *"),
     ],
 )
 def test_bad_flag_is_a_usage_error(pytester: pytest.Pytester, flag: str, message: str) -> None:

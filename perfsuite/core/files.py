@@ -51,6 +51,28 @@ def _umask() -> int:
     return umask
 
 
+def unwritable(path: Path, folder: bool = False) -> str | None:
+    """Why a file (or, with ``folder``, a folder) at ``path`` could not be written (None: it could),
+    found before a run measures anything, so that a bad output path does not cost the run. Tried,
+    not guessed from permission bits (root passes those everywhere, even on /proc): the folder is
+    created if missing, as the write would, and a temporary file is made and removed in it."""
+    where = path if folder else path.parent
+    if not folder and path.is_dir():
+        return f"{path} is a folder"
+    existing = where.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as exc:
+        return f"{exc.filename or where}: {exc.strerror or exc}"
+    return None
+
+
 def atomic_write_json(path: Path, doc: Any) -> None:
     """Write ``doc`` as indented JSON, sorted keys, atomically."""
     atomic_write_text(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -14,6 +14,7 @@ from typing import get_args
 
 import pytest
 
+from perfsuite.core.files import unwritable
 from perfsuite.core.protocol import RankStart
 from perfsuite.gate.settings import OP_PROFILE_MODES
 from perfsuite.launch.envs import EnvError, PythonEnv, parse_envs
@@ -196,6 +197,7 @@ def check_options(config: pytest.Config, reads_baselines: bool = True) -> None:
         raise pytest.UsageError("--perf-nnodes > 1 needs --perf-launcher=torchrun or slurm")
     _check_endpoint(config)
     _check_baselines(config, reads_baselines)
+    _check_outputs(config)
     if config.getoption("--perf-accept-oom") and not (
         config.getoption("--perf-update-baselines") or config.getoption("--perf-calibrate")
     ):
@@ -217,6 +219,15 @@ def _check_baselines(config: pytest.Config, reads: bool) -> None:
             f"--perf-baselines {given}: no such folder. Give the folder that holds <profile>/<group>.json "
             "(default <rootdir>/baselines), or record into it with --perf-update-baselines"
         )
+
+
+def _check_outputs(config: pytest.Config) -> None:
+    """Where the run writes: refused now, not after every scenario has run."""
+    for flag, folder in (("--perf-json", False), ("--perf-artifacts", True)):
+        given = config.getoption(flag)
+        problem = unwritable(Path(given), folder) if given else None
+        if problem:
+            raise pytest.UsageError(f"{flag} {given}: cannot write there: {problem}")
 
 
 def _check_endpoint(config: pytest.Config) -> None:
