@@ -61,7 +61,12 @@ def test_chain_and_ids() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"metric": "latency"}, "metric"), ({"op": ">="}, "op"), ({"op": "~", "tolerance": 0}, "tolerance")],
+    [
+        ({"metric": "latency"}, "metric"),
+        ({"op": ">="}, "op"),
+        ({"op": "~", "tolerance": 0}, "tolerance"),
+        ({"only_on": "cuda"}, "only_on"),
+    ],
 )
 def test_bad_relation_names_the_field(kwargs: dict, field: str) -> None:
     fields = {"metric": "samples_per_s", "left": A, "op": ">", "right": B, **kwargs}

@@ -44,6 +44,8 @@ def test_profile_name_beats_device_kind() -> None:
         ({"name": "Bad Name"}, "name"),
         ({"variants": {"cpu": {"colour": 1}}}, "variants['cpu']"),
         ({"variants": {"cpu": {"global_batch": 3}}}, "global_batch"),
+        ({"only_on": "cpu"}, "only_on"),  # read letter by letter, it would skip everywhere
+        ({"only_on": ("cuda", "")}, "only_on"),
     ],
 )
 def test_bad_field_is_named(overrides: dict[str, object], field: str) -> None:

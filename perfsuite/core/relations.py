@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from perfsuite.core import metrics as registry
-from perfsuite.core.validation import ScenarioError
+from perfsuite.core.validation import ScenarioError, variant_keys_problem
 from perfsuite.core.workloads.base import BaseScenario
 
 Op = Literal["<", ">", "~"]
@@ -60,6 +60,9 @@ class Relation:
             raise ScenarioError(f"relation {self.id}: field 'factor' must be a number, '1/world_size' or 'scaling'")
         if not 0 < self.efficiency <= 1 or (self.efficiency != 1.0 and self.factor != "scaling"):
             raise ScenarioError(f"relation {self.id}: field 'efficiency' must be in (0, 1], with factor='scaling'")
+        problem = variant_keys_problem(self.only_on)
+        if problem:
+            raise ScenarioError(f"relation {self.id}: field 'only_on' {problem}")
 
     @property
     def id(self) -> str:

@@ -33,3 +33,11 @@ def check_positive(owner: str, name: str, value: Any) -> None:
     # nan passes every comparison, and inf is no setting (a timeout, a learning rate) that can run.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise fail(owner, name, f"must be a positive finite number, got {value!r}")
+
+
+def variant_keys_problem(value: Any) -> str | None:
+    """What is wrong with an ``only_on`` (None: nothing). A bare string would be read letter by
+    letter (``"cpu"`` as c, p, u), and the scenario then skipped everywhere."""
+    if not isinstance(value, tuple) or not all(isinstance(key, str) and key for key in value):
+        return f"must be a tuple of profile names or device kinds, e.g. ('cuda',), got {value!r}"
+    return None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 from perfsuite.core import metrics as registry
 from perfsuite.core.metrics import Metric, MetricError
 from perfsuite.core.protocol import WorkloadSpec
-from perfsuite.core.validation import ScenarioError, check_int, check_positive, fail
+from perfsuite.core.validation import ScenarioError, check_int, check_positive, fail, variant_keys_problem
 
 if TYPE_CHECKING:
     from perfsuite.core.engines.base import MissingPackage
@@ -148,6 +148,9 @@ class BaseScenario:
                 self.at_world_size(size)
             except ScenarioError as exc:
                 raise ScenarioError(f"{exc} (at world size {size} of world_sizes)") from None
+        problem = variant_keys_problem(self.only_on)
+        if problem:
+            raise fail(owner, "only_on", problem)
         if not isinstance(self.env, str) or (self.env and not _NAME_RE.match(self.env)):
             raise fail(
                 owner, "env", f"must name an environment (lowercase letters, digits, '_' or '-'), got {self.env!r}"
