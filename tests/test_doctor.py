@@ -139,3 +139,10 @@ def test_the_gpus_present_decide_what_runs_and_at_which_size(
     result.stdout.fnmatch_lines(lines)
     if MCORE.missing_package("cuda") is not None:
         result.stdout.fnmatch_lines(["result: PROBLEMS", "  not installed: * rows need perfsuite?megatron? (*"])
+
+
+def test_an_engine_name_the_doctor_does_not_know_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """A typo must not check nothing and say OK."""
+    assert doctor.run(["bench_tests"], None, ["ddp", "nosuch"], run_smoke=False) == 2
+    err = capsys.readouterr().err
+    assert "--engines names no engine nosuch; known: ddp, " in err and "deepspeed_zero" in err

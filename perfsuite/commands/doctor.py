@@ -161,6 +161,11 @@ def run(
     run_smoke: bool,
     profile_name: str | None = None,
 ) -> int:
+    unknown = sorted(set(engine_names or ()) - {e.name for e in ENGINES})
+    if unknown:
+        known = ", ".join(e.name for e in ENGINES)
+        print(f"perfsuite doctor: --engines names no engine {', '.join(unknown)}; known: {known}", file=sys.stderr)
+        return 2
     found = collect(paths, keyword, profile_name)
     if found.profile is None:
         print(f"perfsuite doctor: {found.problem}", file=sys.stderr)
