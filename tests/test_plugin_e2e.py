@@ -180,6 +180,9 @@ def test_an_unexpected_oom_is_never_recorded_silently(project: pytest.Pytester) 
     assert entry["oom_accepted"]["by"] and entry["oom_accepted"]["at"]
     usage = run(project, "--perf-profile=cpu-256m", "--perf-accept-oom", "mem.big")
     assert usage.ret == pytest.ExitCode.USAGE_ERROR
+    typo = run(project, "--perf-profile=cpu-256m", "--perf-update-baselines", "--perf-accept-oom", "mem.bgi")
+    assert typo.ret == pytest.ExitCode.USAGE_ERROR
+    typo.stderr.fnmatch_lines(["*--perf-accept-oom mem.bgi: no selected scenario has this id*"])
 
 
 FAULTS = """

@@ -51,11 +51,11 @@ def checked(collector: pytest.Collector, report: pytest.CollectReport) -> pytest
     collected (a module's, a class's) take a scenario with one."""
     if not report.passed:
         return report
-    found = problems(_scenarios(report.result), rank_path(collector.config))
+    found = problems(scenarios(report.result), rank_path(collector.config))
     return _failed(collector, report, found[0]) if found else report
 
 
-def _scenarios(nodes: Iterable[Any]) -> Iterator[BaseScenario]:
+def scenarios(nodes: Iterable[Any]) -> Iterator[BaseScenario]:
     """The scenarios the collected tests take as parameters (a relation's two included)."""
     for node in nodes:
         callspec = getattr(node, "callspec", None)

@@ -105,6 +105,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     so every later training result can be set against this session's measured best (perfsuite.judge.ceilings)."""
     tiers.deselect(config, items)
     items[:] = ceilings_first(items)
+    options.check_accept_oom(config, {scenario.id for scenario in collection.scenarios(items)})
 
 
 def _worker_env(config: pytest.Config) -> dict[str, str]:

@@ -209,6 +209,17 @@ def check_options(config: pytest.Config, reads_baselines: bool = True) -> None:
     job(config)  # fail fast on a malformed --perf-job
 
 
+def check_accept_oom(config: pytest.Config, selected: set[str]) -> None:
+    """Each ``--perf-accept-oom`` id must be a selected scenario's: a typo would accept nothing and
+    say nothing, and the OOM it meant would still refuse to be recorded."""
+    unknown = sorted(set(config.getoption("--perf-accept-oom") or ()) - selected)
+    if unknown:
+        raise pytest.UsageError(
+            f"--perf-accept-oom {', '.join(unknown)}: no selected scenario has this id; give the id the "
+            "summary shows (group.name, e.g. model_state_sharding.ddp_fp32) of a scenario this run records"
+        )
+
+
 def _check_baselines(config: pytest.Config, reads: bool) -> None:
     """A ``--perf-baselines`` folder that does not exist is a typo unless this run records into it:
     judged against nothing, every scenario would skip as no_baseline."""
