@@ -295,6 +295,8 @@ def test_bad_scenario_fails_collection_naming_the_field(pytester: pytest.Pyteste
     [
         ("--perf-profile=warp-drive", "*unknown profile 'warp-drive' for --perf-profile*"),
         ("--perf-timeout=-3", "*--perf-timeout must be a positive number*"),
+        ("--perf-profile=", "*--perf-profile is empty: give a profile name*"),
+        ("--perf-contention-budget=nan", "*--perf-contention-budget must be a finite number >= 0, got nan*"),
         ("--perf-rdzv-endpoint=127.0.0.1:29400", "*--perf-rdzv-endpoint only applies with --perf-launcher=torchrun*"),
         ("--perf-baselines=/nonexistent/dir", "*--perf-baselines /nonexistent/dir: no such folder*"),
         # Output paths are tried before anything runs, not after (root passes permission bits on /proc).

@@ -8,6 +8,7 @@ The rules themselves are in :mod:`perfsuite.judge.coverage` and
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 from datetime import date
@@ -69,8 +70,9 @@ def add_options(group: Any) -> None:
 
 def check_options(config: pytest.Config) -> None:
     for flag in ("--perf-contention-retries", "--perf-contention-wait", "--perf-contention-budget"):
-        if config.getoption(flag) < 0:
-            raise pytest.UsageError(f"{flag} must be >= 0, got {config.getoption(flag)}")
+        value = config.getoption(flag)
+        if not (math.isfinite(value) and value >= 0):  # nan passes every comparison, inf waits forever
+            raise pytest.UsageError(f"{flag} must be a finite number >= 0, got {value}")
     if config.getoption(DEPRECATED_FLAG):
         warnings.warn(
             DeprecatedOptionWarning(

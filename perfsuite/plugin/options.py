@@ -182,6 +182,8 @@ def add_options(parser: pytest.Parser) -> None:
 def check_options(config: pytest.Config, reads_baselines: bool = True) -> None:
     """Refuse bad values at start, naming the flag and what it takes (a pytest usage error).
     ``reads_baselines``: whether the run's mode judges against the baselines folder."""
+    if config.getoption("--perf-profile") == "":  # an unset CI variable, most likely
+        raise pytest.UsageError("--perf-profile is empty: give a profile name, or leave the flag out to detect one")
     _check_number(config, "--perf-timeout", "a positive number of seconds", lambda x: x > 0)
     if config.getoption("--perf-repeats") < 1:
         raise pytest.UsageError(f"--perf-repeats must be >= 1, got {config.getoption('--perf-repeats')}")
