@@ -211,7 +211,8 @@ def test_construction_checks_the_form_and_the_collection_step_the_build(team_pac
     path = os.pathsep.join((str(team_package), interpreter_path()))
     assert [str(e) for e in collection.problems(scenarios, path)] == [
         "scenario 'model teampkg.gone:build': field 'source' cannot be imported: ModuleNotFoundError: "
-        "No module named 'teampkg.gone'"
+        f"No module named 'teampkg.gone' (the ranks import it with PYTHONPATH={path}: put its package under "
+        "the rootdir, beside the root conftest.py, or install it into this environment)"
     ]
     built = Scenario("team", "c", ModelSpec.module("teampkg.models:build"), **shape)
     assert collection.problems([built], path) == []

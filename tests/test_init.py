@@ -113,6 +113,25 @@ def test_model_flags_name_a_build_function_or_a_transformers_type(pytester: pyte
         assert refused.ret == 2 and words in refused.stderr.str()
 
 
+def test_a_module_that_does_not_import_yet_is_said_and_a_root_that_cannot_be_written_refused(
+    pytester: pytest.Pytester,
+) -> None:
+    done = perfsuite(pytester, "init", "--model", "teampkg.models:build")
+    assert done.ret == 0  # the team's package may be installed later
+    done.stdout.fnmatch_lines(
+        [
+            "note: 'teampkg.models:build' cannot be imported: ModuleNotFoundError: No module named 'teampkg' "
+            f"(the ranks import it with PYTHONPATH={pytester.path}: put its package under the rootdir*",
+        ]
+    )
+    (pytester.path / "teampkg").mkdir()
+    (pytester.path / "teampkg" / "models.py").write_text("def build(device, dtype):\n    pass\n")
+    assert "note:" not in perfsuite(pytester, "init", "--model", "teampkg.models:build").stdout.str()
+    refused = perfsuite(pytester, "init", str(pytester.path / "conftest.py" / "sub"))
+    assert refused.ret == 2
+    refused.stderr.fnmatch_lines(["perfsuite init: cannot write in *conftest.py/sub: *conftest.py is not a folder"])
+
+
 def test_the_workflow_init_writes_passes_actionlint_and_installs_what_its_steps_run(tmp_path: Path) -> None:
     init(tmp_path, Model.parse(None), force=False)
     workflow = tmp_path / ".github" / "workflows" / "perf.yml"

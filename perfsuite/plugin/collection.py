@@ -43,7 +43,7 @@ def rank_path(config: pytest.Config) -> str:
     path, which also holds the test folders it prepends."""
     paths = [str(config.rootpath), str(config.invocation_params.dir)]
     existing = os.environ.get("PYTHONPATH")
-    return os.pathsep.join([*paths, *([existing] if existing else [])])
+    return os.pathsep.join(dict.fromkeys([*paths, *([existing] if existing else [])]))
 
 
 def checked(collector: pytest.Collector, report: pytest.CollectReport) -> pytest.CollectReport:

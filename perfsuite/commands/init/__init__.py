@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.commands.init.install import Install, how_installed
-from perfsuite.core.files import atomic_write_text
+from perfsuite.core.files import atomic_write_text, unwritable
 from perfsuite.core.models import HF_TASKS, hf_tasks_by_type
-from perfsuite.core.models.probe import REFERENCE
+from perfsuite.core.models.probe import REFERENCE, check_callable
 
 #: What ``init`` writes, relative to the repository: file -> template.
 LAYOUT = {
@@ -61,6 +61,8 @@ class Model:
     what: str
     group: str
     example: bool = False
+    reference: str | None = None
+    """The team's ``package.module:function``, which the ranks must be able to import."""
 
     @classmethod
     def parse(cls, reference: str | None) -> Model:
@@ -71,7 +73,7 @@ class Model:
             if not REFERENCE.match(reference):
                 raise ValueError(f"--model {reference!r}: a module reference is 'package.module:function'")
             name = reference.rsplit(":", 1)[0].rsplit(".", 1)[-1]
-            return cls(f'ModelSpec.module("{reference}")', reference, _identifier(name))
+            return cls(f'ModelSpec.module("{reference}")', reference, _identifier(name), reference=reference)
         if not re.fullmatch(r"[a-z0-9_-]+", reference):
             raise ValueError(
                 f"--model {reference!r}: give 'package.module:function' (your build function) or a transformers "
@@ -179,6 +181,10 @@ def add_parser(commands: Any) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     """0 when the repository is set up (or already was), 2 for bad input or files in the way."""
+    problem = unwritable(ns.root, folder=True)
+    if problem:
+        print(f"perfsuite init: cannot write in {ns.root}: {problem}", file=sys.stderr)
+        return 2
     try:
         model = Model.parse(ns.model)
         done = init(ns.root, model, ns.force)
@@ -201,6 +207,9 @@ def run(ns: argparse.Namespace) -> int:
         )
     if not done.written and not done.added:
         print(f"perfsuite init: {ns.root} is already set up ({len(done.unchanged)} files as init writes them)")
+    not_yet = check_callable(model.reference, str(ns.root.resolve())) if model.reference else None
+    if not_yet:  # it may be once the team's package is installed, so this is no error
+        print(f"note: {not_yet}; `pytest bench_tests` fails its collection until it imports")
     print(
         f"next: record this machine's baselines with `{RECORD}` (in {ns.root}), commit baselines/, then "
         "`pytest bench_tests` judges every run against them"

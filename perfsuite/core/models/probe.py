@@ -61,7 +61,17 @@ def _probe(source: str, step: str | None, options: str, path: str) -> tuple[str,
         answer = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         return "source", f"could not be checked: the child interpreter said {done.stderr.strip()[-500:]!r}"
-    return (answer["field"], answer["problem"]) if answer else None
+    return (answer["field"], _with_hint(answer["problem"], path)) if answer else None
+
+
+def _with_hint(problem: str, path: str) -> str:
+    """A module the child could not find is on no path the ranks get: say which, and what helps."""
+    if not problem.startswith("cannot be imported: ModuleNotFoundError"):
+        return problem
+    return (
+        f"{problem} (the ranks import it with PYTHONPATH={path}: put its package under the rootdir, "
+        "beside the root conftest.py, or install it into this environment)"
+    )
 
 
 #: The child's answer for :func:`check_callable`: "" or what is wrong with the reference.
@@ -94,7 +104,7 @@ def check_callable(reference: str, rank_path: str) -> str | None:
         answer = json.loads(done.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, OSError, IndexError, ValueError):
         return f"{reference!r} could not be checked: the child interpreter importing it failed"
-    return f"{reference!r} {answer}" if answer else None
+    return f"{reference!r} {_with_hint(answer, rank_path)}" if answer else None
 
 
 #: The child's answer for :func:`hf_model_types`: each model type with the tasks that take it.
