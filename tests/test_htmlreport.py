@@ -140,6 +140,36 @@ def test_bad_input_is_one_line_naming_the_file(
     assert not (tmp_path / "page.html").exists()
 
 
+@pytest.mark.parametrize(
+    ("where", "name", "value", "expected"),
+    [
+        ("top", "machine", "x", "'machine' is not an object"),
+        ("top", "relations", [1], "'relations' is not a list of objects"),
+        ("top", "ranking", [1], "'ranking' is not an object"),
+        ("top", "ceilings", {"fp32": 1}, "'ceilings' is not an object of objects"),
+        ("top", "coverage", {"a": 1}, "'coverage' lacks its 'line' or 'ok'"),
+        ("result", "config", "x", "results[0] (mp.fp32): 'config' is not an object"),
+        ("result", "checks", [1], "results[0] (mp.fp32): 'checks' is not a list of objects"),
+        ("result", "op_profile", {"a": 1}, "results[0] (mp.fp32): 'op_profile' cannot be read (KeyError('current'))"),
+        ("metric", "per_rank", [1], "results[0] (mp.fp32): metrics.'per_rank' is not a list of objects"),
+        ("metric", "step_times_s", ["x"], "results[0] (mp.fp32): metrics.'step_times_s' is not a list of numbers"),
+    ],
+)
+@pytest.mark.parametrize("command", ["report", "summary", "compare", "explain"])
+def test_a_field_of_the_wrong_shape_is_named_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, where: str, name: str, value: Any, expected: str
+) -> None:
+    doc = document()
+    node = {"top": doc, "result": doc["results"][0], "metric": doc["results"][0]["metrics"]}[where]
+    node[name] = value
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(doc))
+    argv = {"report": [str(path), "-o", str(tmp_path / "page.html")], "compare": [str(path), str(path)]}
+    assert main([command, *argv.get(command, [str(path)])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"perfsuite {command}: {path}: ") and expected in err and err.count("\n") == 1, err
+
+
 def test_report_without_matplotlib_names_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from perfsuite.core import metrics as registry
 from perfsuite.core.workloads import BaseScenario
 from perfsuite.judge.compare import FAILING
+from perfsuite.judge.explain import Explanation
 
 Result = Mapping[str, Any]
 
@@ -51,12 +52,71 @@ def load_results(path: Path) -> dict[str, Any]:
         raise ReportInputError(f"{path}: not a perfsuite results file (no 'results' list); {hint}")
     if not isinstance(document.get("profile"), str):
         raise ReportInputError(f"{path}: not a perfsuite results file (no 'profile' name); {hint}")
+    _check_shapes(path, "", document, TOP_SHAPES, hint)
+    if document.get("coverage") and not {"line", "ok"} <= document["coverage"].keys():
+        raise ReportInputError(f"{path}: 'coverage' lacks its 'line' or 'ok'; {hint}")
     for i, result in enumerate(document["results"]):
         if not isinstance(result, dict) or not all(isinstance(result.get(k), str) for k in ("id", "status", "verdict")):
             raise ReportInputError(f"{path}: results[{i}] lacks 'id', 'status' or 'verdict'; {hint}")
-        if not isinstance(result.get("metrics") or {}, dict):
-            raise ReportInputError(f"{path}: results[{i}] ({result['id']}): 'metrics' is not an object; {hint}")
+        where = f"results[{i}] ({result['id']}): "
+        _check_shapes(path, where, result, RESULT_SHAPES, hint)
+        _check_shapes(path, f"{where}metrics.", result.get("metrics") or {}, METRIC_SHAPES, hint)
+        if result.get("op_profile"):
+            try:
+                Explanation.from_json(result["op_profile"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ReportInputError(f"{path}: {where}'op_profile' cannot be read ({exc!r}); {hint}") from None
     return document
+
+
+#: What the views read from a results file, by field: an object, or a list of objects or numbers.
+#: Absent or null fields are fine (older files, results that measured nothing).
+Shape = tuple[type, type | None]
+TOP_SHAPES: Mapping[str, Shape] = {
+    "machine": (dict, None),
+    "coverage": (dict, None),
+    "relations": (list, dict),
+    "ranking": (dict, dict),
+    "ceilings": (dict, dict),
+    "nodeids": (dict, None),
+}
+RESULT_SHAPES: Mapping[str, Shape] = {
+    "metrics": (dict, None),
+    "config": (dict, None),
+    "baseline": (dict, None),
+    "checks": (list, dict),
+    "op_profile": (dict, None),
+    "attempts": (list, dict),
+    "launch": (dict, None),
+    "failure": (dict, None),
+    "stack_changes": (list, None),
+}
+METRIC_SHAPES: Mapping[str, Shape] = {
+    "per_rank": (list, dict),
+    "repeats": (list, dict),
+    "health": (list, dict),
+    "step_times_s": (list, float),
+    "warmup_times_s": (list, float),
+    "step_time_s": (dict, None),
+    "contention": (dict, None),
+}
+_NAMES = {dict: "an object", list: "a list"}
+_HELD = {dict: "objects", float: "numbers"}
+
+
+def _check_shapes(path: Path, where: str, node: Mapping[str, Any], shapes: Mapping[str, Shape], hint: str) -> None:
+    for name, (outer, inner) in shapes.items():
+        value = node.get(name)
+        if value is None:
+            continue
+        items = value.values() if isinstance(value, dict) else value
+        if not isinstance(value, outer) or (inner is not None and not all(_is(x, inner) for x in items)):
+            held = f" of {_HELD[inner]}" if inner is not None else ""
+            raise ReportInputError(f"{path}: {where}{name!r} is not {_NAMES[outer]}{held}; {hint}")
+
+
+def _is(value: Any, kind: type) -> bool:
+    return number(value) is not None if kind is float else isinstance(value, kind)
 
 
 def primary_metric(result: Result) -> str | None:
