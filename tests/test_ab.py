@@ -270,6 +270,7 @@ def test_ab_catches_a_planted_slowdown_in_the_candidate(project: pytest.Pytester
             "*--perf-ab-tolerance is gone*--perf-min-effect*",
         ),
         (["--perf-ab=current,nope"], "*--perf-ab names 'nope', not given with --perf-env*"),
+        (["--perf-min-effect=0.05"], "*--perf-min-effect only applies with --perf-ab: add --perf-ab A,B*"),
         (["--perf-env=twin"], "*--perf-env takes NAME=PATH_TO_PYTHON, got 'twin'*"),
     ],
 )

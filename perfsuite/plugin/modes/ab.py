@@ -92,6 +92,10 @@ class ABMode(Mode):
     @classmethod
     def check_options(cls, config: pytest.Config) -> None:
         if not cls.selected(config):
+            # Only the A/B reads them: given alone, they would change nothing and say nothing.
+            for flag in (MIN_EFFECT_FLAG, "--perf-ab-budget"):
+                if config.getoption(flag) is not None:
+                    raise pytest.UsageError(f"{flag} only applies with {cls.flag}: add {cls.flag} A,B")
             return
         super().check_options(config)
         if config.getoption("--perf-ab-tolerance") is not None:
