@@ -54,8 +54,11 @@ def test_drift_alone_passes_and_contention_makes_a_regression_unreliable(monkeyp
     (same,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(), Path("/scratch"))
     assert same.verdict == "pass"
     replay(monkeypatch, [ok(b) for b in base], [ok(b * 0.8, BUSY) for b in base])
-    (busy,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(), Path("/scratch"))
+    said: list[str] = []
+    (busy,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(), Path("/scratch"), said.append)
     assert busy.verdict == "unreliable" and "measured under contention" in busy.message
+    # Each pair's line says so as it happens, not only the final table.
+    assert said and all(line.endswith("; measured under contention: candidate") for line in said), said
 
 
 def test_the_candidates_minimum_effect_decides_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -203,9 +203,11 @@ def ab_trees(
         for trial in trials.values():
             trial.look(final)
         still = sorted(scenario_id for scenario_id, trial in trials.items() if trial.open)
+        crowded = [side for side in order if any(x.contended for x in runs[side].launches.values())]
         say(
             f"pair {pair + 1}: {' then '.join(f'{side} {runs[side].seconds:.0f} s' for side in order)}; "
             f"{len(still)} of {len(trials)} scenario(s) still open"
+            + (f"; measured under contention: {', '.join(crowded)}" if crowded else "")
         )
         if not still:
             break
