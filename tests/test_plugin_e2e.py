@@ -233,6 +233,9 @@ class Exit(DDPStrategy):  # a library's exit(): no exception, no signal, no repo
             18,
             [
                 "*tiny.fault: error: workers timeout: rank 1 during warmup step 0*",
+                "last lines it printed:",
+                "rank 1 about to hang",
+                "main thread, most recent call first:",
                 '*File "*faults.py", line * in forward_backward*',
             ],
         ),

@@ -253,6 +253,11 @@ _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line \d+ in (?P<func>\S+)')
 _WORKER = re.compile(r"perfsuite/(rank/)?worker/")
 
 
+#: Where faulthandler's dump on timeout begins, and the lines printed before it that a hang tail keeps.
+_DUMP = re.compile(r"^(?:Timeout \(\d+:\d+:\d+\)!|Current thread 0x|Thread 0x)", flags=re.M)
+PRINTED_LINES = 5
+
+
 def main_thread_stack(stderr: str) -> list[str] | None:
     """Frame lines of the last stack dump's main-thread block, innermost first.
 
@@ -278,10 +283,14 @@ def hang_tail(job: WorkerJob, rank: int) -> str:
     """What a hung rank was doing: the innermost frames of its main thread, as
     dumped on timeout (a forked rank's stack also holds its agent's frames,
     outermost, which a plain tail would show instead); else its stderr tail."""
-    frames = main_thread_stack(_full_stderr(job, rank))
+    stderr = _full_stderr(job, rank)
+    frames = main_thread_stack(stderr)
     if not frames:
         return stderr_tail(job, rank)
-    return "\n".join(["main thread, most recent call first:", *frames[:TAIL_LINES]])
+    # What it printed last before the dump often says what it was waiting for.
+    before = [line for line in _DUMP.split(stderr, maxsplit=1)[0].splitlines() if line.strip()]
+    printed = ["last lines it printed:", *before[-PRINTED_LINES:]] if before else []
+    return "\n".join([*printed, "main thread, most recent call first:", *frames[:TAIL_LINES]])
 
 
 def hung_rank(job: WorkerJob, candidates: Sequence[int]) -> int:
