@@ -100,8 +100,8 @@ METRIC_SHAPES: Mapping[str, Shape] = {
     "step_time_s": (dict, None),
     "contention": (dict, None),
 }
-_NAMES = {dict: "an object", list: "a list"}
-_HELD = {dict: "objects", float: "numbers"}
+_NAMES: Mapping[type, str] = {dict: "an object", list: "a list"}
+_HELD: Mapping[type, str] = {dict: "objects", float: "numbers"}
 
 
 def _check_shapes(path: Path, where: str, node: Mapping[str, Any], shapes: Mapping[str, Shape], hint: str) -> None:
