@@ -176,12 +176,13 @@ def test_a_full_disk_leaves_the_old_results_file_intact(tiny_disk: Path) -> None
 def test_every_committed_baseline_and_estimates_file_loads() -> None:
     """What sessions committed (cpu, GPU profiles, named environments) is valid,
     so no scenario of a profile fails on a broken group file."""
-    from perfsuite.commands.bootstrap.costs import FILENAME, Costs
+    from perfsuite.commands.bootstrap.costs import Costs
+    from perfsuite.store.baselines import COSTS_FILENAME
 
     root = Path(__file__).parents[1] / "baselines"
-    groups = [p for p in root.glob("*/*.json") if p.name != FILENAME]
+    groups = [p for p in root.glob("*/*.json") if p.name != COSTS_FILENAME]
     assert {p.parent.name for p in groups} >= {"cpu", "nvidia-h200-x1"}
     for path in groups:
         assert load_group_file(path), f"{path} holds no scenario"
-    for path in root.glob(f"*/{FILENAME}"):
+    for path in root.glob(f"*/{COSTS_FILENAME}"):
         assert Costs.load(path, "cuda" if path.parent.name.startswith("nvidia-") else "cpu").launch_s

@@ -73,6 +73,12 @@ def unwritable(path: Path, folder: bool = False) -> str | None:
     return None
 
 
+def output_problem(flag: str, given: str | None, folder: bool = False) -> str | None:
+    """The usage error for an output flag whose path cannot be written (None: unset, or fine)."""
+    problem = unwritable(Path(given), folder) if given else None
+    return f"{flag} {given}: cannot write there: {problem}" if problem else None
+
+
 def atomic_write_json(path: Path, doc: Any) -> None:
     """Write ``doc`` as indented JSON, sorted keys, atomically."""
     atomic_write_text(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -253,8 +253,10 @@ _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line \d+ in (?P<func>\S+)')
 _WORKER = re.compile(r"perfsuite/(rank/)?worker/")
 
 
-#: Where faulthandler's dump on timeout begins, and the lines printed before it that a hang tail keeps.
-_DUMP = re.compile(r"^(?:Timeout \(\d+:\d+:\d+\)!|Current thread 0x|Thread 0x)", flags=re.M)
+#: faulthandler's header of each thread's block, and the line its dump on timeout starts with.
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$", flags=re.M)
+_TIMEOUT = re.compile(r"^Timeout \(\d+:\d+:\d+\)!$")
+#: Lines a hung rank printed before its dump that its tail keeps.
 PRINTED_LINES = 5
 
 
@@ -264,7 +266,7 @@ def main_thread_stack(stderr: str) -> list[str] | None:
     faulthandler prints each thread as a block of frames, innermost first; the
     main thread is the block that runs perfsuite's worker loop.
     """
-    blocks = re.split(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$", stderr, flags=re.M)
+    blocks = _THREAD.split(stderr)
     for block in reversed(blocks[1:]):
         frames = [line for line in block.splitlines() if _FRAME.match(line)]
         if any(_WORKER.search(line) for line in frames):
@@ -288,7 +290,7 @@ def hang_tail(job: WorkerJob, rank: int) -> str:
     if not frames:
         return stderr_tail(job, rank)
     # What it printed last before the dump often says what it was waiting for.
-    before = [line for line in _DUMP.split(stderr, maxsplit=1)[0].splitlines() if line.strip()]
+    before = [x for x in _THREAD.split(stderr, maxsplit=1)[0].splitlines() if x.strip() and not _TIMEOUT.match(x)]
     printed = ["last lines it printed:", *before[-PRINTED_LINES:]] if before else []
     return "\n".join([*printed, "main thread, most recent call first:", *frames[:TAIL_LINES]])
 

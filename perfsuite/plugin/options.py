@@ -14,7 +14,7 @@ from typing import get_args
 
 import pytest
 
-from perfsuite.core.files import unwritable
+from perfsuite.core.files import output_problem
 from perfsuite.core.protocol import RankStart
 from perfsuite.gate.settings import OP_PROFILE_MODES
 from perfsuite.launch.envs import EnvError, PythonEnv, parse_envs
@@ -237,10 +237,9 @@ def _check_baselines(config: pytest.Config, reads: bool) -> None:
 def _check_outputs(config: pytest.Config) -> None:
     """Where the run writes: refused now, not after every scenario has run."""
     for flag, folder in (("--perf-json", False), ("--perf-artifacts", True)):
-        given = config.getoption(flag)
-        problem = unwritable(Path(given), folder) if given else None
+        problem = output_problem(flag, config.getoption(flag), folder)
         if problem:
-            raise pytest.UsageError(f"{flag} {given}: cannot write there: {problem}")
+            raise pytest.UsageError(problem)
 
 
 def _check_endpoint(config: pytest.Config) -> None:

@@ -21,10 +21,8 @@ from typing import Any
 
 from perfsuite.commands.bootstrap.plan import Target
 from perfsuite.core.files import atomic_write_json
-from perfsuite.store.baselines import COSTS_FILENAME
 
 SCHEMA_VERSION = 1
-FILENAME = COSTS_FILENAME
 #: Seconds of one launch by workload kind, before anything was measured here,
 #: rounded up from what was measured elsewhere. cpu: a 4-minute bootstrap on
 #: the 2-core VM (docs/lab/bootstrap-timings.md; train 3.6-8.6 s, microbench

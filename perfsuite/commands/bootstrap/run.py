@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.commands.bootstrap import report
-from perfsuite.commands.bootstrap.costs import FILENAME, Costs
+from perfsuite.commands.bootstrap.costs import Costs
 from perfsuite.commands.bootstrap.plan import START_MARGIN, Done, Plan, Settings, Step, fits, make_plan, targets_for
 from perfsuite.commands.bootstrap.state import State, StepRecord, done_in
 from perfsuite.commands.bootstrap.steps import Context, doctor_step, pytest_step, selftest_left, selftest_step
 from perfsuite.core.profiles import HardwareProfile
 from perfsuite.launch import identity, warm
-from perfsuite.store.baselines import BaselineEntry, BaselineStore
+from perfsuite.store.baselines import COSTS_FILENAME, BaselineEntry, BaselineStore
 
 EXIT_COMPLETE, EXIT_FAILED, EXIT_INCOMPLETE = 0, 1, 3
 
@@ -118,7 +118,7 @@ def run(options: Options) -> int:
     fingerprint, profile, scenarios = _machine(options)
     # A fresh store for every read: a BaselineStore caches group files, and the steps rewrite them.
     store = Stores(options.baselines, profile.name, profile.entry_processor(fingerprint))
-    costs_path = options.baselines / profile.name / FILENAME
+    costs_path = options.baselines / profile.name / COSTS_FILENAME
     costs = Costs.load(costs_path, profile.device)
     plan = build_plan(options, fingerprint, profile, scenarios, costs, store())
     if options.dry_run:

@@ -131,13 +131,10 @@ class BaselineMode(Mode):
         shown = "; ".join(f"{r.scenario.id}: {r.judgement.message}" for r in results[:3])
         more = f" (and {len(results) - 3} more)" if len(results) > 3 else ""
         ended = collections.Counter(r.status for r in results)
-        how = (
-            f"all {len(results)} scenario(s) skipped without measuring"
-            if set(ended) == {"skipped"}
-            else f"none of the {len(results)} scenario(s) measured anything ("
-            + ", ".join(f"{n} {status}" for status, n in sorted(ended.items()))
-            + ")"
-        )
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(ended.items()))
+        how = f"none of the {len(results)} scenario(s) measured anything ({counts})"
+        if set(ended) == {"skipped"}:
+            how = f"all {len(results)} scenario(s) skipped without measuring"
         return (
             f"{how}, so this run proves nothing and exits "
             f"non-zero: {shown}{more}. `python -m perfsuite doctor` shows what can run here."

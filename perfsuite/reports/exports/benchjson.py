@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from perfsuite.core import metrics as registry
-from perfsuite.core.files import atomic_write_json, unwritable
+from perfsuite.core.files import atomic_write_json, output_problem
 from perfsuite.store.vcs import Commit, current_commit
 
 JSON_FLAG = "--perf-benchmark-json"
@@ -77,9 +77,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if storage is not None and Path(storage).exists() and not Path(storage).is_dir():
         raise pytest.UsageError(f"{STORAGE_FLAG} must name a folder (created if missing), got the file {storage!r}")
     for flag, given, folder in ((JSON_FLAG, path, False), (STORAGE_FLAG, storage, True)):
-        problem = unwritable(Path(given), folder) if given else None
+        problem = output_problem(flag, given, folder)
         if problem:
-            raise pytest.UsageError(f"{flag} {given}: cannot write there: {problem}")
+            raise pytest.UsageError(problem)
 
 
 def pytest_perfsuite_session_finished(config: pytest.Config, document: dict[str, Any]) -> None:

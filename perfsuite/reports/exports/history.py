@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from perfsuite.core.files import atomic_write_json, unwritable
+from perfsuite.core.files import atomic_write_json, output_problem
 from perfsuite.reports.exports.changepoint import e_divisive
 from perfsuite.store.vcs import Commit, current_commit
 
@@ -228,9 +228,9 @@ def pytest_configure(config: pytest.Config) -> None:
     where = config.getoption(FLAG)
     if where is not None and (not where or (Path(where).exists() and not Path(where).is_dir())):
         raise pytest.UsageError(f"{FLAG} must name a folder (it is created if missing), got {where!r}")
-    problem = unwritable(Path(where), folder=True) if where else None
+    problem = output_problem(FLAG, where, folder=True)
     if problem:
-        raise pytest.UsageError(f"{FLAG} {where}: cannot write there: {problem}")
+        raise pytest.UsageError(problem)
 
 
 def pytest_perfsuite_session_finished(config: pytest.Config, document: dict[str, Any]) -> None:
