@@ -323,11 +323,26 @@ def test_sigterm_to_the_command_alone_stops_its_pytest_and_leaves_no_worktree_or
 
 
 @pytest.fixture
-def judged_however_busy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These test the search over real launches, not the contention rule: a regression measured
-    while another process (another session on the VM, a neighbouring test) was busy would be
-    ``unreliable`` and stop the search."""
-    monkeypatch.setattr(abrev, "contended", lambda *args: "")
+def busy_in_pair_2(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A neighbour planted in the A/B's second pair: another process spins on a core while that
+    pair's first side runs (ab-rev and bisect run their sides through ``abrev.run_side``). The
+    A/B must drop that pair, wait for the host to go quiet, and measure again."""
+    real, calls, planted = abrev.run_side, [0], []
+
+    def run_side(root: Path, paths: Sequence[str], args: Sequence[str], out: Path) -> abrev.SideRun:
+        calls[0] += 1
+        if calls[0] != 3:  # the first side of the second pair
+            return real(root, paths, args, out)
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        planted.append(str(spinner.pid))
+        try:
+            return real(root, paths, args, out)
+        finally:
+            spinner.kill()
+            spinner.wait()
+
+    monkeypatch.setattr(abrev, "run_side", run_side)
+    return planted
 
 
 def real_bisect(repo: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, dict, float]:
@@ -342,17 +357,22 @@ def real_bisect(repo: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> tupl
 # slowdown is large (4x the work) and so is the minimum effect (2x): 2 A/B steps of 2-3 pairs of
 # half-length launches, ~45-60 s on the 2-core VM.
 @pytest.mark.serial
-@pytest.mark.usefixtures("judged_however_busy")
-def test_a_real_bisect_of_3_commits_finds_a_large_slowdown(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_real_bisect_of_3_commits_finds_a_large_slowdown_through_a_busy_pair(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], busy_in_pair_2: list[str]
 ) -> None:
     repo = tmp_path / "repo"
     commits = history(repo, 3, slow_at=2, slowdown=300, bench=BENCH.replace("steps=20", "steps=10"))
     code, doc, seconds = real_bisect(repo, monkeypatch, "HEAD~3", "HEAD", "--max-pairs", "6", "--min-effect", "1")
     with capsys.disabled():
         print(f"\n3-commit real bisect: {seconds:.0f} s, {len(doc['steps'])} steps, {pairs(doc['steps'])} pairs")
-    assert code == 0 and doc["first_bad"] == commits[3], capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert code == 0 and doc["first_bad"] == commits[3], out
     assert [s["verdict"] for s in doc["steps"]] == ["regression", "pass"]
+    # The planted neighbour was seen, named, and cost one pair, not the verdict.
+    (dropped,) = doc["steps"][0]["ab"][0]["dropped_pairs"]
+    assert dropped.startswith("pair 2: ") and "foreign load: other processes kept" in dropped, dropped
+    assert f"[{busy_in_pair_2[0]}] " in dropped, dropped  # the spinner, by its pid
+    assert "s for a quiet host: quiet" in out
     assert worktrees(repo) == 1
 
 
@@ -362,7 +382,6 @@ SLOW_DESIGN = ("--min-effect", "0.15", "--max-pairs", "12")
 
 
 @pytest.mark.slow  # ~3-5 min: 5 A/B steps of 2-12 pairs of ~3.5 s launches
-@pytest.mark.usefixtures("judged_however_busy")
 def test_a_real_bisect_of_16_commits_finds_a_25_percent_slowdown_in_5_steps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -379,7 +398,6 @@ def test_a_real_bisect_of_16_commits_finds_a_25_percent_slowdown_in_5_steps(
 
 
 @pytest.mark.slow  # ~1 min: one A/B of 2-12 pairs
-@pytest.mark.usefixtures("judged_however_busy")
 def test_a_real_bisect_of_4_commits_without_a_slowdown_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -58,7 +58,10 @@ def test_a_regression_measured_under_contention_is_unreliable(tmp_path: Path) ->
     perf.launcher = FakeLauncher([SLOW, SLOW], health=busy())  # type: ignore[misc]
     result = perf.run(SCENARIO)
     assert result.verdict == "unreliable"
-    assert "measured under contention (other processes kept 0.50 of a's 2 CPU cores busy" in result.judgement.message
+    assert (
+        "measured under contention (foreign load: other processes kept 0.50 of a's 2 CPU cores busy"
+        in result.judgement.message
+    )
     assert "samples_per_s" in result.judgement.message  # what would have been the regression
     assert len(result.judgement.notes_of("contention")) == 2  # the doubt, then why it was not retried
 
@@ -70,7 +73,10 @@ def test_too_much_spread_under_contention_names_the_contention(tmp_path: Path) -
     result = perf.run(SCENARIO)
     assert result.verdict == "unreliable"
     assert "varies too much to judge" in result.judgement.message
-    assert "measured under contention (other processes kept 0.50 of a's 2 CPU cores busy" in result.judgement.message
+    assert (
+        "measured under contention (foreign load: other processes kept 0.50 of a's 2 CPU cores busy"
+        in result.judgement.message
+    )
 
 
 def test_the_normalised_rate_is_samples_per_mean_reference_time() -> None:
@@ -116,7 +122,7 @@ def test_a_real_busy_core_turns_a_planted_regression_into_unreliable(project: py
     doc = json.loads(out.read_text())
     (measured,) = doc["results"]
     assert measured["verdict"] == "unreliable", measured["message"]
-    assert "measured under contention (other processes kept" in measured["message"]
+    assert "measured under contention (foreign load: other processes kept" in measured["message"]
     # It waited (2 s, the bound given) for the spinning core to stop, in vain.
     assert "the host did not go quiet within 2 s" in measured["message"]
     assert doc["coverage"]["unjudged"] == {"unreliable": ["tiny.fp32"]}

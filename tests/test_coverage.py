@@ -33,7 +33,7 @@ def test_the_line_counts_judged_unjudged_quarantined_and_not_for_this_machine() 
             Outcome(
                 "b.busy",
                 "unreliable",
-                "measured under contention (other processes kept 0.98 of vm's 2 CPU cores busy "
+                "measured under contention (foreign load: other processes kept 0.98 of vm's 2 CPU cores busy "
                 "(limit 0.25)), so not judged a regression",
             ),
             Outcome("b.new", "no_baseline"),
@@ -42,8 +42,8 @@ def test_the_line_counts_judged_unjudged_quarantined_and_not_for_this_machine() 
         ]
     )
     assert found.line() == (
-        "judged 3 of 7 selected scenario(s); not judged: 1 unreliable (other processes kept 0.98 of vm's 2 CPU cores "
-        "busy (limit 0.25)), 1 no baseline; quarantined (run, not gating): 1; not for this machine: 1"
+        "judged 3 of 7 selected scenario(s); not judged: 1 unreliable (foreign load: other processes kept 0.98 of "
+        "vm's 2 CPU cores busy (limit 0.25)), 1 no baseline; quarantined (run, not gating): 1; not for this machine: 1"
     )
     assert not found.ok
     fixes = "\n".join(found.fixes())
@@ -228,7 +228,10 @@ def test_a_contended_regression_waits_for_a_quiet_host_and_is_judged_on_a_fresh_
     result = perf.run(SCENARIO)
     assert result.verdict == "regression", result.judgement.message
     assert [a["verdict"] for a in result.attempts] == ["unreliable", "regression"]
-    assert "measured again after the host went quiet; try 1: other processes kept 0.50" in result.judgement.message
+    assert (
+        "measured again after the host went quiet; try 1: foreign load: other processes kept 0.50"
+        in result.judgement.message
+    )
     assert len(result.judgement.notes_of("contention")) == 1
     assert waits.calls == [60.0] and perf.waited_s == 5.0
 
@@ -241,7 +244,10 @@ def test_a_host_that_stays_busy_gives_unreliable_naming_every_try(tmp_path: Path
     result = perf.run(SCENARIO)
     assert result.verdict == "unreliable" and len(result.attempts) == 3
     assert "all 3 measurement(s) contended (--perf-contention-retries 2)" in result.judgement.message
-    assert "try 1: other processes kept 0.50" in result.judgement.message and "try 3:" in result.judgement.message
+    assert (
+        "try 1: foreign load: other processes kept 0.50" in result.judgement.message
+        and "try 3:" in result.judgement.message
+    )
     assert len(result.judgement.notes_of("contention")) == 2  # the doubt, then the tries
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -37,7 +38,7 @@ else:  # pragma: no cover - the tomli dependency on 3.10
 from perfsuite.core.profiles import CPU
 from perfsuite.judge import sequential
 from perfsuite.judge.abtest import ABResult, Trial, markdown_lines, summary_lines
-from perfsuite.judge.contention import Contention, contended
+from perfsuite.judge.contention import Contention, Quiet, contended_by, wait_for_quiet
 from perfsuite.judge.results import OneLaunch
 from perfsuite.launch import procs, warm
 from perfsuite.store.vcs import git
@@ -83,6 +84,8 @@ class SideRun:
     seconds: float = 0.0
     nodeids: Mapping[str, str] = field(default_factory=dict)
     """Each scenario's pytest node id, as its results file names it (a revision from before it: none)."""
+    limits: Limits = field(default_factory=lambda: Limits())
+    """The contention limits of the profile it measured on."""
 
 
 def export(repo: Path, rev: str, into: Path) -> str:
@@ -127,7 +130,9 @@ def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: 
     effects = {r["id"]: float((r.get("config") or {}).get("min_effect") or default) for r in results}
     found = document.get("nodeids")
     nodeids = {k: v for k, v in found.items() if isinstance(v, str)} if isinstance(found, dict) else {}
-    return SideRun({r["id"]: launch_of(r) for r in results}, effects, time.monotonic() - started, nodeids)
+    limits = Limits.of(document)
+    launches = {r["id"]: launch_of(r, limits) for r in results}
+    return SideRun(launches, effects, time.monotonic() - started, nodeids, limits)
 
 
 def selection(roots: Mapping[str, Path], last: Mapping[str, SideRun], still: Sequence[str]) -> tuple[str, ...] | None:
@@ -161,7 +166,11 @@ def own_plugin(root: Path) -> list[str]:
     return ["-p", "no:perfsuite", "-p", str(entry)]
 
 
-def launch_of(result: Mapping[str, Any]) -> OneLaunch:
+def launch_of(result: Mapping[str, Any], limits: Limits | None = None) -> OneLaunch:
+    """One scenario's launch as a results file gives it: status, throughput, and why it was measured
+    under contention by the A/B's rule (foreign load or a process on the GPU; steal is reported,
+    not counted: :func:`ab_trees`)."""
+    limits = limits or Limits()
     metrics = result.get("metrics") or {}
     value = metrics.get(METRIC)
     values = {METRIC: float(value["mean"])} if isinstance(value, Mapping) else {}
@@ -169,22 +178,65 @@ def launch_of(result: Mapping[str, Any]) -> OneLaunch:
     if status == "ok" and not values:  # a microbenchmark's or collective's rate is another metric
         status, message = "skipped", f"measures no {METRIC}: ab-rev compares training throughput"
     busy = metrics.get("contention")
-    why = contended(Contention(**busy), CPU.max_foreign_cores, CPU.max_steal_cores) if busy else None
-    return OneLaunch(status, values, message, why)
+    found = Contention.from_json(busy) if isinstance(busy, Mapping) else None
+    why = contended_by(found, limits.max_foreign_cores, limits.max_steal_cores, steal=False)
+    return OneLaunch(status, values, message, why.why if why else None, found.steal_cores if found else 0.0)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The contention limits of the profile a side measured on (its results file's
+    ``contention_limits``; a revision from before them: the cpu profile's)."""
+
+    max_foreign_cores: float = CPU.max_foreign_cores
+    max_steal_cores: float = CPU.max_steal_cores
+
+    @classmethod
+    def of(cls, document: Mapping[str, Any]) -> Limits:
+        found = document.get("contention_limits")
+        if not isinstance(found, Mapping):
+            return cls()
+        try:
+            return cls(float(found["max_foreign_cores"]), float(found["max_steal_cores"]))
+        except (KeyError, TypeError, ValueError):
+            return cls()
+
+
+#: How long an A/B waits for a quiet host after a pair it dropped as contended, at most (and never
+#: past its budget): as the gate's ``--perf-contention-wait``.
+QUIET_WAIT_S = 60.0
+
+
+def await_quiet(limits: Limits, timeout_s: float) -> Quiet:
+    """Wait for the host to be free of foreign load (the A/B's rule: steal hits both sides alike)."""
+    return wait_for_quiet(limits.max_foreign_cores, math.inf, timeout_s)
 
 
 def ab_trees(
-    base: Path, candidate: Path, settings: Settings, scratch: Path, say: Callable[[str], None] = lambda line: None
+    base: Path,
+    candidate: Path,
+    settings: Settings,
+    scratch: Path,
+    say: Callable[[str], None] = lambda line: None,
+    quiet: Callable[[Limits, float], Quiet] = await_quiet,
 ) -> list[ABResult]:
     """The sequential A/B of the selected scenarios, ``base``'s tree against ``candidate``'s: pairs
     of whole pytest runs, the first side alternating, until every scenario has decided or the
-    pairs or the budget are spent. ``say`` gets a line per pair."""
+    pairs or the budget are spent. ``say`` gets a line per pair.
+
+    A pair one of whose sides was measured under foreign load (another process busy on the host, or
+    on the GPU) is dropped for that scenario: such load can fall on one side only and would be read
+    as its speed. The A/B then waits for a quiet host (``quiet``, within the budget) and measures
+    again, up to ``max_pairs`` dropped pairs. Stolen time is not a reason to drop: the hypervisor
+    steals from whichever side runs, so over interleaved pairs it is noise that the sequential test
+    measures and pays for with pairs, not a bias. Each pair's line says how much was stolen."""
     trials: dict[str, Trial] = {}
     roots = {BASE: (base, settings.args), CANDIDATE: (candidate, (*settings.args, *settings.candidate_args))}
     started = time.monotonic()
     last: dict[str, SideRun] = {}
     still: list[str] = []
-    for pair in range(settings.max_pairs):
+    attempts = 2 * settings.max_pairs  # the measured pairs, and as many dropped
+    for pair in range(attempts):
         order = (BASE, CANDIDATE) if sequential.base_first(pair) else (CANDIDATE, BASE)
         paths = selection({side: root for side, (root, _) in roots.items()}, last, still)
         runs = {
@@ -192,26 +244,59 @@ def ab_trees(
             for side in order
         }
         last = runs
+        dropped = 0
         for scenario_id in sorted(set(runs[BASE].launches) | set(runs[CANDIDATE].launches)):
             trial = trials.get(scenario_id) or trials.setdefault(scenario_id, _trial(scenario_id, settings, runs))
-            for side in order:
-                if trial.open:
-                    trial.add(
-                        side, runs[side].launches.get(scenario_id, OneLaunch("error", {}, f"no {side} run measured it"))
-                    )
-        final = settings.budget_s is not None and time.monotonic() - started >= settings.budget_s
+            launches = [(side, runs[side].launches.get(scenario_id, _unmeasured(side))) for side in order]
+            dropped += _add_pair(trial, pair, launches)
+        final = pair == attempts - 1 or (
+            settings.budget_s is not None and time.monotonic() - started >= settings.budget_s
+        )
         for trial in trials.values():
             trial.look(final)
         still = sorted(scenario_id for scenario_id, trial in trials.items() if trial.open)
-        crowded = [side for side in order if any(x.contended for x in runs[side].launches.values())]
-        say(
-            f"pair {pair + 1}: {' then '.join(f'{side} {runs[side].seconds:.0f} s' for side in order)}; "
-            f"{len(still)} of {len(trials)} scenario(s) still open"
-            + (f"; measured under contention: {', '.join(crowded)}" if crowded else "")
-        )
+        say(_pair_line(pair, order, runs, len(still), len(trials), dropped))
         if not still:
             break
+        if dropped:
+            left = QUIET_WAIT_S if settings.budget_s is None else settings.budget_s - (time.monotonic() - started)
+            if left > 0:
+                waited = quiet(runs[CANDIDATE].limits, min(QUIET_WAIT_S, left))
+                say(f"  waited {waited.waited_s:.0f} s for a quiet host: {'quiet' if waited.quiet else 'still busy'}")
     return [trials[scenario_id].result for scenario_id in sorted(trials)]
+
+
+def _unmeasured(side: str) -> OneLaunch:
+    return OneLaunch("error", {}, f"no {side} run measured it")
+
+
+def _add_pair(trial: Trial, pair: int, launches: Sequence[tuple[str, OneLaunch]]) -> int:
+    """Feed one pair to an open trial; 1 if it was dropped as contended (both sides ran)."""
+    if not trial.open:
+        return 0
+    busy = [f"{side}: {launch.contended}" for side, launch in launches if launch.status == "ok" and launch.contended]
+    if busy and all(launch.status == "ok" for _, launch in launches):
+        trial.drop(f"pair {pair + 1}: {'; '.join(busy)}")
+        return 1
+    for side, launch in launches:
+        if trial.open:
+            trial.add(side, launch)
+    return 0
+
+
+def _pair_line(
+    pair: int, order: Sequence[str], runs: Mapping[str, SideRun], still: int, scenarios: int, dropped: int
+) -> str:
+    """What a pair took, what is still open, and the contention it met."""
+    crowded = [side for side in order if any(x.contended for x in runs[side].launches.values())]
+    stolen = max((x.steal_cores for side in order for x in runs[side].launches.values()), default=0.0)
+    return (
+        f"pair {pair + 1}: {' then '.join(f'{side} {runs[side].seconds:.0f} s' for side in order)}; "
+        f"{still} of {scenarios} scenario(s) still open"
+        + (f"; measured under contention: {', '.join(crowded)}" if crowded else "")
+        + (f" ({dropped} scenario(s) dropped this pair, to be measured again)" if dropped else "")
+        + (f"; steal up to {stolen:.2f} cores (not counted: it hits both sides alike)" if stolen >= 0.01 else "")
+    )
 
 
 def _trial(scenario_id: str, settings: Settings, runs: Mapping[str, SideRun]) -> Trial:

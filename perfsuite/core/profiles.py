@@ -138,6 +138,10 @@ class HardwareProfile:
         if unknown:
             raise ProfileError(f"profile {self.name!r}: unknown tolerance metrics {unknown}")
 
+    def contention_limits(self) -> dict[str, float]:
+        """The contention limits, as a results file carries them for an A/B that reads it."""
+        return {"max_foreign_cores": self.max_foreign_cores, "max_steal_cores": self.max_steal_cores}
+
     def tolerance(self, metric: str) -> float | None:
         """Default tolerance of ``metric`` here: the profile's own, else the
         registry entry's for this device kind; None means not gated by default."""

@@ -133,6 +133,8 @@ class ABResult:
     comparisons: list[Comparison] = field(default_factory=list)
     verdict: str = "pass"
     message: str = ""
+    dropped: list[str] = field(default_factory=list)
+    """The pairs left out because a side was measured under contention: which and why."""
 
     @property
     def judged(self) -> bool:
@@ -154,6 +156,7 @@ class ABResult:
             "headline": self.headline.to_json() if self.headline else None,
             "launches": [asdict(launch) for launch in self.launches],
             "comparisons": [asdict(c) for c in self.comparisons],
+            "dropped_pairs": list(self.dropped),
         }
 
 
@@ -192,12 +195,20 @@ class Trial:
             self.result.message = f"{env} launch {pair + 1} {status}: {message}"
             self.open = False
 
+    def drop(self, why: str) -> None:
+        """Leave a whole pair out, ``why`` (a side was measured under contention): a neighbour's
+        load that hits one side would be read as that side's speed."""
+        self.result.dropped.append(why)
+
     def look(self, final: bool = False) -> None:
         """After a whole pair: decide, or stay open for another (``final``: no more will come)."""
         if not self.open:
             return
         pairs = self._pairs(self.metrics[0])
         if not pairs:
+            if final and self.result.dropped:
+                self.open = False
+                self._unmeasured()
             return
         final = final or len(pairs) >= self.design.max_pairs
         higher = registry.get(self.metrics[0]).direction == "higher"
@@ -207,6 +218,12 @@ class Trial:
         if state.decision != "continue":
             self.open = False
             self._conclude()
+
+    def _unmeasured(self) -> None:
+        """Every pair was dropped and no more will come."""
+        dropped = self.result.dropped
+        self.result.verdict = "unreliable"
+        self.result.message = f"all {len(dropped)} pair(s) measured under contention, so none compared: {dropped[-1]}"
 
     def _pairs(self, metric: str) -> list[tuple[float, float]]:
         sides = {
@@ -232,6 +249,12 @@ class Trial:
         if result.verdict == "regression" and crowded:
             result.verdict = "unreliable"
             result.message = f"measured under contention ({crowded}), so not judged a regression: {result.message}"
+        elif result.verdict == "undecided" and result.dropped:
+            result.verdict = "unreliable"
+            result.message = (
+                f"undecided with {len(result.dropped)} pair(s) dropped as measured under contention "
+                f"(last: {result.dropped[-1]}): {result.message}"
+            )
 
 
 def run_ab(
@@ -274,7 +297,7 @@ def summary_lines(results: Sequence[ABResult]) -> list[str]:
                     f"{r.headline.metric} (slowdown)",
                     f"{state.slowdown:+.1%}",
                     _interval(state),
-                    str(state.pairs),
+                    f"{r.pairs}{_dropped(r)}",
                     _outcome(r, state.decision),
                 )
             )
@@ -302,9 +325,14 @@ def markdown_lines(results: Sequence[ABResult], title: str) -> list[str]:
         state, design = r.headline.state, r.headline.design
         lines.append(
             f"| `{r.id}` | {r.verdict} | {state.slowdown:+.1%} | {_interval(state)} | "
-            f"{design.min_effect:.1%} | {state.pairs} of {design.max_pairs} |"
+            f"{design.min_effect:.1%} | {r.pairs} of {design.max_pairs}{_dropped(r)} |"
         )
     return lines
+
+
+def _dropped(result: ABResult) -> str:
+    """The pairs dropped as measured under contention, if any."""
+    return f" (+{len(result.dropped)} dropped: contended)" if result.dropped else ""
 
 
 def _interval(state: State) -> str:

@@ -14,10 +14,13 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psutil
+
+#: The kinds of contention, as the log names them.
+FOREIGN_LOAD, STEAL, GPU = "foreign load", "steal", "a process on the GPU"
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,11 @@ class Contention:
     """Its logical CPUs."""
     foreign_gpu: tuple[str, ...] = field(default_factory=tuple)
     """Other processes computing on this run's GPUs, described."""
+    resolution_cores: float = 0.0
+    """The finest load the host's counters tell apart over this window: two clock ticks (the
+    counters' unit, 10 ms) over the window. A 100 ms window cannot tell 0.2 cores from none."""
+    others: tuple[str, ...] = field(default_factory=tuple)
+    """The other processes that used the most CPU meanwhile, ``name[pid] 0.31``, busiest first."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,7 +50,27 @@ class Contention:
             "host": self.host,
             "host_cpus": self.host_cpus,
             "foreign_gpu": list(self.foreign_gpu),
+            "resolution_cores": round(self.resolution_cores, 3),
+            "others": list(self.others),
         }
+
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> Contention | None:
+        """A results file's record, written by this or another revision's perfsuite (an A/B
+        reads both): missing fields take their defaults, unknown ones are ignored; None when it
+        is no record at all."""
+        try:
+            return cls(
+                float(found["foreign_cores"]),
+                float(found.get("steal_cores", 0.0)),
+                str(found.get("host", "?")),
+                int(found.get("host_cpus", 1)),
+                tuple(str(x) for x in found.get("foreign_gpu") or ()),
+                float(found.get("resolution_cores", 0.0)),
+                tuple(str(x) for x in found.get("others") or ()),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
 
     def worse(self, other: Contention | None) -> Contention:
         if other is None:
@@ -67,35 +95,92 @@ def measure(health: Sequence[Mapping[str, Any]]) -> Contention | None:
         for rank in health
         if (record := rank.get("contention")) and record.get("foreign_pids")
     )
-    return Contention(worst.foreign_cores, worst.steal_cores, worst.host, worst.host_cpus, gpu)
+    return replace(worst, foreign_gpu=gpu)
 
 
 def _host(host: str, records: Sequence[Mapping[str, Any]]) -> Contention:
-    # Every rank of a host sees the same host counters over nearly the same
-    # window: average them; the ranks' own CPU adds up.
-    window = sum(float(r["window_s"]) for r in records) / len(records)
-    busy = sum(float(r["host_busy_s"]) for r in records) / len(records)
-    steal = sum(float(r["host_steal_s"]) for r in records) / len(records)
-    own = sum(float(r["own_cpu_s"]) for r in records)
+    # Every rank of a host sees the same host counters, and the same launch processes (its agent
+    # and those above it), over nearly the same window: average them; the ranks' own CPU adds up.
+    def mean(key: str) -> float:
+        return sum(float(r.get(key, 0.0)) for r in records) / len(records)
+
+    window, cpus = mean("window_s"), int(records[0]["host_cpus"])
     if window <= 0:
-        return Contention(0.0, 0.0, host, int(records[0]["host_cpus"]))
-    return Contention(max(0.0, busy - own) / window, max(0.0, steal) / window, host, int(records[0]["host_cpus"]))
+        return Contention(0.0, 0.0, host, cpus)
+    own = sum(float(r["own_cpu_s"]) for r in records) + mean("launch_cpu_s")
+    tick = float(records[0].get("tick_s", 0.0))
+    return Contention(
+        max(0.0, mean("host_busy_s") - own) / window,
+        max(0.0, mean("host_steal_s")) / window,
+        host,
+        cpus,
+        resolution_cores=2 * tick / window,
+        others=_others(records, window),
+    )
+
+
+def _others(records: Sequence[Mapping[str, Any]], window: float) -> tuple[str, ...]:
+    """The other processes a host's ranks saw busiest, each once (one rank's view: they agree),
+    in cores over the window; those under a hundredth of a core are left out."""
+    seen: dict[str, float] = {}
+    for record in records:
+        for name, pid, cpu_s in record.get("busiest_others") or ():
+            seen[f"{name}[{pid}]"] = max(seen.get(f"{name}[{pid}]", 0.0), float(cpu_s) / window)
+    busiest = sorted(seen.items(), key=lambda item: -item[1])
+    return tuple(f"{who} {cores:.2f}" for who, cores in busiest if cores >= 0.01)[:3]
+
+
+@dataclass(frozen=True)
+class Contended:
+    """Why a measurement was contended: each kind found, and the sentence that says so."""
+
+    kinds: tuple[str, ...]
+    """:data:`FOREIGN_LOAD`, :data:`STEAL`, :data:`GPU`: those found."""
+    why: str
+
+    def __str__(self) -> str:
+        return self.why
 
 
 def contended(contention: Contention | None, max_foreign_cores: float, max_steal_cores: float) -> str | None:
     """Why the measurement was contended (None if it was not)."""
+    found = contended_by(contention, max_foreign_cores, max_steal_cores)
+    return found.why if found is not None else None
+
+
+def contended_by(
+    contention: Contention | None, max_foreign_cores: float, max_steal_cores: float, steal: bool = True
+) -> Contended | None:
+    """Which kinds of contention a measurement met beyond the limits, and why (None: none).
+
+    A load counts only beyond the limit by more than the counters' resolution over the
+    window: on a window of a few short steps the host's clock-tick counters alone read
+    0.1-0.3 cores either way. ``steal=False`` leaves stolen time out of the decision (it is
+    still reported), for measurements whose sides it hits alike."""
     if contention is None:
         return None
-    why = []
-    if contention.foreign_cores > max_foreign_cores:
+    kinds, why = [], []
+    margin = contention.resolution_cores
+    if contention.foreign_cores > max_foreign_cores + margin:
+        named = f": {', '.join(contention.others)}" if contention.others else ""
+        kinds.append(FOREIGN_LOAD)
         why.append(
-            f"other processes kept {contention.foreign_cores:.2f} of {contention.host}'s {contention.host_cpus} "
-            f"CPU cores busy (limit {max_foreign_cores:g})"
+            f"{FOREIGN_LOAD}: other processes kept {contention.foreign_cores:.2f} of {contention.host}'s "
+            f"{contention.host_cpus} CPU cores busy (limit {max_foreign_cores:g}{_plus(margin)}){named}"
         )
-    if contention.steal_cores > max_steal_cores:
-        why.append(f"the hypervisor stole {contention.steal_cores:.2f} cores (limit {max_steal_cores:g})")
-    why.extend(f"another process computed on {gpu}" for gpu in contention.foreign_gpu)
-    return "; ".join(why) or None
+    if steal and contention.steal_cores > max_steal_cores + margin:
+        kinds.append(STEAL)
+        why.append(
+            f"{STEAL}: the hypervisor stole {contention.steal_cores:.2f} cores (limit {max_steal_cores:g}{_plus(margin)})"
+        )
+    if contention.foreign_gpu:
+        kinds.append(GPU)
+        why.extend(f"{GPU}: another process computed on {gpu}" for gpu in contention.foreign_gpu)
+    return Contended(tuple(kinds), "; ".join(why)) if why else None
+
+
+def _plus(margin: float) -> str:
+    return f" + {margin:.2f} resolution" if margin >= 0.005 else ""
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,8 @@ class OneLaunch:
     values: dict[str, float]
     message: str = ""
     contended: str | None = None
+    steal_cores: float = 0.0
+    """CPU cores the hypervisor stole meanwhile (an A/B reports it without counting it)."""
 
 
 @dataclass

@@ -251,6 +251,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         ceilings=ceilings,
         ranking=ranked,
         **({"min_effect": perf.profile.min_effect} if perf else {}),
+        **({"contention_limits": perf.profile.contention_limits()} if perf else {}),
         **({"coverage": found.to_json()} if found is not None else {}),
         **({"nodeids": dict(sorted(config.stash[NODEIDS_KEY].items()))} if NODEIDS_KEY in config.stash else {}),
         **mode.results_json(),

@@ -39,13 +39,18 @@ LAYOUT = {
 #: conftest.py only has to exist (its folder goes on pytest's import path); init's note follows
 #: the team's code as comments, below this marker.
 MERGED = {"conftest.py": "# perfsuite: added by `python -m perfsuite init`"}
-#: The one template with placeholders (``$model_spec``, ``$what``, ``$group``); the others are
+#: The one template with placeholders (``$model_spec``, ``$what``, ``$group``, ``$seq_len``); the others are
 #: written as they are, but for the workflow's install (its ``$`` belong to the shell and to GitHub).
 SUBSTITUTED = "test_perf.py.tmpl"
 WORKFLOW = "perf.yml.tmpl"
 #: The example model written when no ``--model`` is given, and its reference.
 EXAMPLE = {"perf_models/__init__.py": None, "perf_models/example.py": "example_model.py.tmpl"}
 EXAMPLE_REFERENCE = "perf_models.example:build"
+#: The example's tokens per sample: its 10 measured steps on 2 cpu ranks then take 0.7-0.9 s in all
+#: on the 2-core VM, long enough for the host's 10 ms CPU counters to tell a busy neighbour apart
+#: (32 gave 4-6 ms steps, which spread 20-40% each and left the contention check blind;
+#: docs/lab/contention.md). Other models keep 32, within a tiny transformers shape's positions.
+EXAMPLE_SEQ_LEN, SEQ_LEN = 128, 32
 #: A transformers model type's tiny cpu shape (the user sets theirs for GPUs), and an image model's images.
 HF_SHAPE = "layers=2, hidden=64, heads=4, vocab=512, ffn=128, max_positions=64"
 IMAGE_SHAPE = "image_size=32, patch_size=8"
@@ -107,7 +112,8 @@ def render(model: Model, install: Install | None = None) -> dict[str, str]:
     (default: perfsuite as it is installed here)."""
     install = install or how_installed()
     layout = {**LAYOUT, **(EXAMPLE if model.example else {})}
-    values = {"model_spec": model.spec, "what": model.what, "group": model.group}
+    seq_len = EXAMPLE_SEQ_LEN if model.example else SEQ_LEN
+    values = {"model_spec": model.spec, "what": model.what, "group": model.group, "seq_len": str(seq_len)}
     return {path: _text(name, values, install) for path, name in layout.items()}
 
 

@@ -38,26 +38,47 @@ class HealthTracker:
         self.result: dict[str, Any] = {}
 
     def __enter__(self) -> HealthTracker:
+        self.ranks, self.launch = _run_processes()
+        self.procs_start = cpu_by_process()
+        self.launch_start = _precise_cpu_s(self.launch)
         self.start_s = time.perf_counter()
         self.host_start = psutil.cpu_times()
-        self.own_start = psutil.Process().cpu_times()
+        self.own_start = time.process_time()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.result = self.finish()
 
     def contention(self) -> dict[str, Any]:
-        """CPU seconds over the measured steps: the host's busy and steal time
-        and this rank's own (threads included), for the pytest side to subtract."""
-        host, own = psutil.cpu_times(), psutil.Process().cpu_times()
-        busy = _busy(host) - _busy(self.host_start)
+        """CPU seconds over the measured steps: the host's busy and steal time, this rank's own
+        (threads included) and the launch's other processes' (its agent and the processes above
+        it), for the pytest side to subtract; and the other processes that used the most.
+
+        The host's counters (``/proc/stat``) come in clock ticks (``tick_s``); this process's
+        and the launch's are read in nanoseconds, so that only the host's two readings limit
+        how finely a short window can be told apart from a busy one."""
+        own, host = time.process_time() - self.own_start, psutil.cpu_times()
+        window = time.perf_counter() - self.start_s
+        launch = _precise_cpu_s(self.launch) - self.launch_start
+        used = {
+            pid: (name, cpu - self.procs_start.get(pid, (name, 0.0))[1])
+            for pid, (name, cpu) in cpu_by_process().items()
+        }
+        ours = self.ranks | self.launch
+        others = sorted(
+            ((cpu, name, pid) for pid, (name, cpu) in used.items() if pid not in ours and cpu > 0), reverse=True
+        )
         return {
             "host": platform.node(),
             "host_cpus": psutil.cpu_count() or 1,
-            "window_s": time.perf_counter() - self.start_s,
-            "host_busy_s": busy,
+            "window_s": window,
+            "tick_s": 1 / os.sysconf("SC_CLK_TCK"),
+            "host_busy_s": _busy(host) - _busy(self.host_start),
             "host_steal_s": getattr(host, "steal", 0.0) - getattr(self.host_start, "steal", 0.0),
-            "own_cpu_s": (own.user + own.system) - (self.own_start.user + self.own_start.system),
+            "host_irq_s": _interrupts(host) - _interrupts(self.host_start),
+            "own_cpu_s": own,
+            "launch_cpu_s": launch,
+            "busiest_others": [[name, pid, round(cpu, 3)] for cpu, name, pid in others[:TOP_OTHERS]],
             "pid": os.getpid(),
         }
 
@@ -86,6 +107,65 @@ class CpuHealthTracker(HealthTracker):
     def read(self) -> dict[str, float]:
         freq = psutil.cpu_freq()
         return {"load_avg_1m": os.getloadavg()[0], **({"cpu_mhz": freq.current} if freq else {})}
+
+
+#: How many of the busiest other processes a rank names.
+TOP_OTHERS = 5
+
+
+def cpu_by_process() -> dict[int, tuple[str, float]]:
+    """Every process's name and CPU seconds (user + system, its threads included): 2-3 ms
+    for ~100 processes, read at the two ends of the measured steps only."""
+    found = {}
+    for proc in psutil.process_iter(["name", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is not None:
+            found[proc.pid] = (str(proc.info["name"] or "?"), float(times.user + times.system))
+    return found
+
+
+def _run_processes() -> tuple[set[int], set[int]]:
+    """This launch's processes on this host: (the agent's descendants, the ranks among them;
+    the agent and the processes above it: a warm parent, pytest, ``ab-rev``, ``make``)."""
+    try:
+        agent = psutil.Process(os.getppid())
+        ranks = {os.getpid(), *(child.pid for child in agent.children(recursive=True))}
+        return ranks, {agent.pid, *(parent.pid for parent in agent.parents())}
+    except psutil.Error:
+        return {os.getpid()}, set()
+
+
+def _precise_cpu_s(pids: set[int]) -> float:
+    """CPU seconds the processes ``pids`` have used, every thread, from the scheduler's
+    nanosecond counters (``/proc/PID/task/TID/schedstat``); clock ticks where a kernel
+    has none; a process gone meanwhile counts nothing."""
+    total = 0.0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as stats:
+                    total += int(stats.read().split()[0]) / 1e9
+            except (OSError, ValueError, IndexError):
+                total += _ticks_cpu_s(pid) if tid == str(pid) else 0.0
+    return total
+
+
+def _ticks_cpu_s(pid: int) -> float:
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(times.user + times.system)
+
+
+def _interrupts(times: Any) -> float:
+    """CPU seconds the host spent in interrupt handlers, which no process is charged for
+    (loopback traffic between ranks is processed in softirq context)."""
+    return float(getattr(times, "irq", 0.0) + getattr(times, "softirq", 0.0))
 
 
 def _busy(times: Any) -> float:
