@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +51,54 @@ def test_the_busiest_host_and_foreign_gpu_processes_are_named() -> None:
     found = measure([{"rank": 0, **busy(host="a", host_busy=30.0)}, {"rank": 1, **gpu}])
     assert found is not None and found.host == "a" and found.foreign_cores == pytest.approx(2.0)
     assert "another process computed on rank 1's GPU: pids [4242] at up to 63% SM" in contended(found, 9, 9)
+
+
+def test_the_launchs_own_processes_are_not_foreign_and_a_short_window_needs_a_larger_load() -> None:
+    # Two ranks of 1 s each and the launch's agent and parents 0.05 s, on a host busy 2.1 s of 1 s:
+    # others took 0.05 cores, under the limit.
+    ranks = [{"rank": r, **busy(window=1.0, host_busy=2.1, own=1.0)} for r in (0, 1)]
+    for each in ranks:
+        each["contention"]["launch_cpu_s"] = 0.05  # type: ignore[index]
+    found = measure(ranks)
+    assert found is not None and found.foreign_cores == pytest.approx(0.05)
+    # Over 0.1 s, two 10 ms ticks are 0.2 cores: 0.3 cores of others cannot be told from none, 0.5 can.
+    short = {"tick_s": 0.01, "busiest_others": [["python3", 4242, 0.05], ["kworker/0:1", 7, 0.0005]]}
+    for load, verdict in ((0.3, None), (0.5, "foreign load")):
+        one = busy(window=0.1, host_busy=0.2 + load * 0.1, own=0.1)
+        one["contention"].update(short)  # type: ignore[attr-defined]
+        found = measure([{"rank": 0, **one}, {"rank": 1, **one}])
+        assert found is not None and found.resolution_cores == pytest.approx(0.2)
+        why = contended(found, 0.25, 0.1)
+        assert (why.split(":")[0] if why else None) == verdict, why
+    assert why is not None and "(limit 0.25 + 0.20 resolution): python3[4242] 0.50" in why
+    assert "kworker" not in why  # under a hundredth of a core: not named
+
+
+def test_a_rank_reads_its_own_time_finely_and_names_a_busy_neighbour() -> None:
+    torch = pytest.importorskip("torch")
+    from perfsuite.rank.worker.health import HealthTracker
+
+    # The neighbour is no descendant of this process's parent, which a rank takes for its agent.
+    spinner = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    neighbour = int(spinner.stdout)
+    try:
+        with HealthTracker.for_device(torch.device("cpu")) as tracker:
+            until = time.process_time() + 0.3
+            while time.process_time() < until:  # this process busy too, for 0.3 s of CPU
+                pass
+    finally:
+        os.kill(neighbour, signal.SIGKILL)
+    found = tracker.result["contention"]
+    own = found["own_cpu_s"]
+    assert own == pytest.approx(0.3, abs=0.02) and abs(own * 100 - round(own * 100)) > 1e-6  # not in 10 ms ticks
+    assert found["tick_s"] == pytest.approx(0.01)
+    assert neighbour in [pid for _, pid, _ in found["busiest_others"]], found
+    assert found["launch_cpu_s"] >= 0 and found["host_busy_s"] > found["own_cpu_s"]
 
 
 def test_a_regression_measured_under_contention_is_unreliable(tmp_path: Path) -> None:
