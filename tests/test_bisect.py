@@ -325,13 +325,14 @@ def test_sigterm_to_the_command_alone_stops_its_pytest_and_leaves_no_worktree_or
 @pytest.fixture
 def busy_in_pair_2(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """A neighbour planted in the A/B's second pair: another process spins on a core while that
-    pair's first side runs (ab-rev and bisect run their sides through ``abrev.run_side``). The
-    A/B must drop that pair, wait for the host to go quiet, and measure again."""
+    pair's second side runs, the base, whose launches are the short ones (ab-rev and bisect run
+    their sides through ``abrev.run_side``). The A/B must drop that pair, wait for the host to go
+    quiet, and measure again."""
     real, calls, planted = abrev.run_side, [0], []
 
     def run_side(root: Path, paths: Sequence[str], args: Sequence[str], out: Path) -> abrev.SideRun:
         calls[0] += 1
-        if calls[0] != 3:  # the first side of the second pair
+        if calls[0] != 4:  # the second side of the second pair
             return real(root, paths, args, out)
         spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         planted.append(str(spinner.pid))
