@@ -131,7 +131,7 @@ def measure(step: Step, job: RankJob, ctx: WorkerContext, reporter: Reporter) ->
 
     A planted slowdown (``slowdown_pct``) adds a fixed amount of device work
     to every step after the first warmup steps: that percentage of their
-    median (slowest-rank) time. A fixed amount, because burning a share of each
+    median (slowest-rank) time, the first step left out. A fixed amount, because burning a share of each
     step's own time would feed back through the ranks' waits on each other.
     """
     spec, timer = job.spec, StepTimer(step, ctx)
@@ -143,8 +143,10 @@ def measure(step: Step, job: RankJob, ctx: WorkerContext, reporter: Reporter) ->
             break
         reporter.phase(f"warmup step {len(warmup)}")
         warmup.append(slowest_rank(timer(), ctx))
-        if slowdown and not timer.burn_s and len(warmup) >= max(1, spec.warmup_steps):
-            timer.burn_s = slowdown * statistics.median(warmup)
+        if slowdown and not timer.burn_s and len(warmup) >= max(2, spec.warmup_steps):
+            # Not the first step: it pays for first-touch allocations and kernel choices, up to
+            # twice a settled step on cpu, and would plant that much more (docs/lab/contention.md).
+            timer.burn_s = slowdown * statistics.median(warmup[1:])
             settle_from = len(warmup)
     if slowdown and not timer.burn_s:  # no warmup allowed: one reference step
         timer.burn_s = slowdown * slowest_rank(timer(), ctx)
