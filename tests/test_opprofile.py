@@ -206,9 +206,10 @@ def test_a_widened_ffn_regression_names_a_matmul_and_explain_reproduces_it(
     lead = failed.split("regression: ", 1)[1]
     # A wider FFN costs time and memory: whichever metric judged it (a noisy CI VM once judged
     # only its peak memory), the explanation's first op is a matmul, by time or by allocations.
-    words = lead.split()
-    first = words[4] if lead.startswith("op profile: allocations grew in ") else words[2]
-    assert lead.startswith("op profile: ") and first in MATMULS, lead
+    assert lead.startswith("op profile: "), lead
+    by_memory = lead.startswith("op profile: allocations grew in ")
+    first = lead.removeprefix("op profile: allocations grew in " if by_memory else "op profile: ").split()[0]
+    assert first in MATMULS, lead
     (result,) = json.loads(out.read_text())["results"]
     assert Path(result["op_profile"]["trace"]).exists(), "the profiled launch's trace is kept next to the results"
     assert Path(result["op_profile"]["trace"]).parent == project.path / "perf-artifacts"
