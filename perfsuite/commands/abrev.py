@@ -38,7 +38,7 @@ else:  # pragma: no cover - the tomli dependency on 3.10
 from perfsuite.core.profiles import CPU
 from perfsuite.judge import sequential
 from perfsuite.judge.abtest import ABResult, Trial, markdown_lines, summary_lines
-from perfsuite.judge.contention import Contention, Quiet, contended_by, wait_for_quiet
+from perfsuite.judge.contention import Contention, Quiet, contended, wait_for_quiet
 from perfsuite.judge.results import OneLaunch
 from perfsuite.launch import procs, warm
 from perfsuite.store.vcs import git
@@ -76,6 +76,25 @@ class Settings:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """The contention limits of the profile a side measured on (its results file's
+    ``contention_limits``; a revision from before them: the cpu profile's)."""
+
+    max_foreign_cores: float = CPU.max_foreign_cores
+    max_steal_cores: float = CPU.max_steal_cores
+
+    @classmethod
+    def of(cls, document: Mapping[str, Any]) -> Limits:
+        found = document.get("contention_limits")
+        if not isinstance(found, Mapping):
+            return cls()
+        try:
+            return cls(float(found["max_foreign_cores"]), float(found["max_steal_cores"]))
+        except (KeyError, TypeError, ValueError):
+            return cls()
+
+
+@dataclass(frozen=True)
 class SideRun:
     """One pytest run of one side: each scenario's launch and minimum effect, by id."""
 
@@ -84,7 +103,7 @@ class SideRun:
     seconds: float = 0.0
     nodeids: Mapping[str, str] = field(default_factory=dict)
     """Each scenario's pytest node id, as its results file names it (a revision from before it: none)."""
-    limits: Limits = field(default_factory=lambda: Limits())
+    limits: Limits = field(default_factory=Limits)
     """The contention limits of the profile it measured on."""
 
 
@@ -166,11 +185,10 @@ def own_plugin(root: Path) -> list[str]:
     return ["-p", "no:perfsuite", "-p", str(entry)]
 
 
-def launch_of(result: Mapping[str, Any], limits: Limits | None = None) -> OneLaunch:
+def launch_of(result: Mapping[str, Any], limits: Limits = Limits()) -> OneLaunch:
     """One scenario's launch as a results file gives it: status, throughput, and why it was measured
     under contention by the A/B's rule (foreign load or a process on the GPU; steal is reported,
     not counted: :func:`ab_trees`)."""
-    limits = limits or Limits()
     metrics = result.get("metrics") or {}
     value = metrics.get(METRIC)
     values = {METRIC: float(value["mean"])} if isinstance(value, Mapping) else {}
@@ -179,27 +197,8 @@ def launch_of(result: Mapping[str, Any], limits: Limits | None = None) -> OneLau
         status, message = "skipped", f"measures no {METRIC}: ab-rev compares training throughput"
     busy = metrics.get("contention")
     found = Contention.from_json(busy) if isinstance(busy, Mapping) else None
-    why = contended_by(found, limits.max_foreign_cores, limits.max_steal_cores, steal=False)
-    return OneLaunch(status, values, message, why.why if why else None, found.steal_cores if found else 0.0)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The contention limits of the profile a side measured on (its results file's
-    ``contention_limits``; a revision from before them: the cpu profile's)."""
-
-    max_foreign_cores: float = CPU.max_foreign_cores
-    max_steal_cores: float = CPU.max_steal_cores
-
-    @classmethod
-    def of(cls, document: Mapping[str, Any]) -> Limits:
-        found = document.get("contention_limits")
-        if not isinstance(found, Mapping):
-            return cls()
-        try:
-            return cls(float(found["max_foreign_cores"]), float(found["max_steal_cores"]))
-        except (KeyError, TypeError, ValueError):
-            return cls()
+    why = contended(found, limits.max_foreign_cores, limits.max_steal_cores, steal=False)
+    return OneLaunch(status, values, message, why, found.steal_cores if found else 0.0)
 
 
 #: How long an A/B waits for a quiet host after a pair it dropped as contended, at most (and never

@@ -208,7 +208,7 @@ class Trial:
         if not pairs:
             if final and self.result.dropped:
                 self.open = False
-                self._unmeasured()
+                self._all_dropped()
             return
         final = final or len(pairs) >= self.design.max_pairs
         higher = registry.get(self.metrics[0]).direction == "higher"
@@ -219,7 +219,7 @@ class Trial:
             self.open = False
             self._conclude()
 
-    def _unmeasured(self) -> None:
+    def _all_dropped(self) -> None:
         """Every pair was dropped and no more will come."""
         dropped = self.result.dropped
         self.result.verdict = "unreliable"

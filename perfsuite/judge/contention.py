@@ -130,28 +130,10 @@ def _others(records: Sequence[Mapping[str, Any]], window: float) -> tuple[str, .
     return tuple(f"{who} {cores:.2f}" for who, cores in busiest if cores >= 0.01)[:3]
 
 
-@dataclass(frozen=True)
-class Contended:
-    """Why a measurement was contended: each kind found, and the sentence that says so."""
-
-    kinds: tuple[str, ...]
-    """:data:`FOREIGN_LOAD`, :data:`STEAL`, :data:`GPU`: those found."""
-    why: str
-
-    def __str__(self) -> str:
-        return self.why
-
-
-def contended(contention: Contention | None, max_foreign_cores: float, max_steal_cores: float) -> str | None:
-    """Why the measurement was contended (None if it was not)."""
-    found = contended_by(contention, max_foreign_cores, max_steal_cores)
-    return found.why if found is not None else None
-
-
-def contended_by(
+def contended(
     contention: Contention | None, max_foreign_cores: float, max_steal_cores: float, steal: bool = True
-) -> Contended | None:
-    """Which kinds of contention a measurement met beyond the limits, and why (None: none).
+) -> str | None:
+    """Why the measurement was contended, each kind named (None if it was not).
 
     A load counts only beyond the limit by more than the counters' resolution over the
     window: on a window of a few short steps the host's clock-tick counters alone read
@@ -159,24 +141,20 @@ def contended_by(
     still reported), for measurements whose sides it hits alike."""
     if contention is None:
         return None
-    kinds, why = [], []
+    why = []
     margin = contention.resolution_cores
     if contention.foreign_cores > max_foreign_cores + margin:
         named = f": {', '.join(contention.others)}" if contention.others else ""
-        kinds.append(FOREIGN_LOAD)
         why.append(
             f"{FOREIGN_LOAD}: other processes kept {contention.foreign_cores:.2f} of {contention.host}'s "
             f"{contention.host_cpus} CPU cores busy (limit {max_foreign_cores:g}{_plus(margin)}){named}"
         )
     if steal and contention.steal_cores > max_steal_cores + margin:
-        kinds.append(STEAL)
         why.append(
             f"{STEAL}: the hypervisor stole {contention.steal_cores:.2f} cores (limit {max_steal_cores:g}{_plus(margin)})"
         )
-    if contention.foreign_gpu:
-        kinds.append(GPU)
-        why.extend(f"{GPU}: another process computed on {gpu}" for gpu in contention.foreign_gpu)
-    return Contended(tuple(kinds), "; ".join(why)) if why else None
+    why.extend(f"{GPU}: another process computed on {gpu}" for gpu in contention.foreign_gpu)
+    return "; ".join(why) or None
 
 
 def _plus(margin: float) -> str:

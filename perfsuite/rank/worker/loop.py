@@ -131,8 +131,9 @@ def measure(step: Step, job: RankJob, ctx: WorkerContext, reporter: Reporter) ->
 
     A planted slowdown (``slowdown_pct``) adds a fixed amount of device work
     to every step after the first warmup steps: that percentage of their
-    median (slowest-rank) time, the first step left out. A fixed amount, because burning a share of each
-    step's own time would feed back through the ranks' waits on each other.
+    median (slowest-rank) time, the first step left out. A fixed amount,
+    because burning a share of each step's own time would feed back through
+    the ranks' waits on each other.
     """
     spec, timer = job.spec, StepTimer(step, ctx)
     slowdown = job.slowdown_pct / 100
