@@ -111,7 +111,9 @@ def test_results_file_follows_the_contract(project: pytest.Pytester) -> None:
     doc = json.loads(out.read_text())
     assert {"machine", "results", "coverage"} <= set(doc)
     assert doc["nodeids"] == {"tiny.fp32": "test_bench.py::test_bench[tiny.fp32]"}  # what ab-rev reruns
-    assert doc["coverage"]["line"] == "judged 0 of 1 selected scenario(s); not judged: 1 no baseline"
+    assert doc["coverage"]["line"] == (
+        "judged 0 of 1 selected scenario(s); not judged: 1 no baseline; step work judged: 0"
+    )
     assert doc["coverage"]["ok"] is False and doc["coverage"]["unjudged"] == {"no_baseline": ["tiny.fp32"]}
     (result,) = doc["results"]
     assert {"id", "group", "status", "config", "metrics", "baseline", "verdict"} <= set(result)
@@ -127,6 +129,10 @@ def test_results_file_follows_the_contract(project: pytest.Pytester) -> None:
     assert isinstance(metrics["model_state_bytes_per_rank"], int) and isinstance(metrics["tokens_per_s"], float)
     assert result["config"]["kind"] == "train"
     assert doc["machine"]["runtime"]["torch"]
+    # The step's work, counted though nothing could judge it yet (no counts recorded).
+    work = result["work"]
+    assert work["status"] == "not_judged" and "no recorded counts" in work["message"]
+    assert work["count"]["ranks"] == 2 and work["count"]["steady"] and work["count"]["ops"]
 
 
 OOM_CONFTEST = """

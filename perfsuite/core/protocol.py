@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin,
 
 from perfsuite.core.files import atomic_write_json
 from perfsuite.core.opprofile import OpProfile
+from perfsuite.core.workcount import WorkCount
 
 #: Environment variable naming the pytest process that launched a run
 #: (``host:pid:create_time``): ranks on its host exit when it is gone.
@@ -230,6 +231,9 @@ class RankJob:
     for the extra launch that stores or diffs an op profile; a gated launch never profiles."""
     profile_trace: bool = False
     """With ``profile_steps``: also write rank 0's Chrome trace (the launch that explains a regression)."""
+    count_work: bool = False
+    """Count what a step does (:mod:`perfsuite.core.workcount`) in a few untimed steps after the
+    measured ones; not in a launch that profiles (its counts would carry nothing new)."""
     explain_oom: bool = False
     """Record allocations through the launch (cpu: the profiler's memory records; CUDA: the allocator's
     history) so that an OOM reports its largest allocations. Set only for the launch that explains an OOM."""
@@ -319,6 +323,8 @@ class RankReport:
     formula); rank 0's is kept."""
     op_profile: OpProfile | None = None
     """This rank's op profile (``RankJob.profile_steps``)."""
+    work_count: WorkCount | None = None
+    """What one of this rank's steps does (``RankJob.count_work``)."""
     marks: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """When this rank (and its agent) reached each :data:`LaunchMark` it passed (``time.time()``)."""
 

@@ -89,14 +89,17 @@ class Launches:
             "overhead_s": outcome.overhead_s,
         }
 
-    def measure(self, scenario: BaseScenario, env: str, slowdown_pct: float | None, repeats: int) -> Measurement:
+    def measure(
+        self, scenario: BaseScenario, env: str, slowdown_pct: float | None, repeats: int, count_work: bool = False
+    ) -> Measurement:
         """``repeats`` (0: the session's) fresh launches of a prepared scenario in ``env``,
-        pooled; the first that fails ends the measurement."""
+        pooled; the first that fails ends the measurement. ``count_work``: each launch also counts
+        what a step does, after its measured steps."""
         launches: list[LaunchOutcome] = []
         runs: list[ScenarioMetrics] = []
         work = scenario.step_work()
         for _ in range(repeats or self.settings.repeats):
-            job = self.job(scenario, env, slowdown_pct)
+            job = self.job(scenario, env, slowdown_pct, count_work=count_work)
             with self.devices_held(scenario), self.progress.watch(scenario.id, job.reports_dir):
                 outcome = self.launcher_for(scenario).run(job)
             launches.append(outcome)
@@ -156,6 +159,7 @@ class Launches:
         profile_steps: int = 0,
         explain_oom: bool = False,
         profile_trace: bool = False,
+        count_work: bool = False,
     ) -> WorkerJob:
         """One launch of ``scenario`` in ``env``, in a fresh work folder; ``slowdown_pct``
         None plants the session's slowdown."""
@@ -176,6 +180,7 @@ class Launches:
             profile_steps=profile_steps,
             profile_trace=profile_trace,
             explain_oom=explain_oom,
+            count_work=count_work and not (profile_steps or explain_oom),
             imports=scenario.rank_imports(),
         )
         topology = self.topology(scenario)

@@ -27,6 +27,7 @@ from perfsuite.gate.fitting import Fit, fit, launch_precondition
 from perfsuite.gate.launching import Launches
 from perfsuite.gate.profiling import OpProfiles
 from perfsuite.gate.settings import RunSettings
+from perfsuite.gate.work import WorkGate, counted
 from perfsuite.judge import definition, judging
 from perfsuite.judge.ceilings import Ceilings
 from perfsuite.judge.compare import FAILING, Judgement, MetricCheck, Note, check_metric
@@ -42,6 +43,7 @@ from perfsuite.judge.results import (
 )
 from perfsuite.judge.stats import ScenarioMetrics
 from perfsuite.judge.trustworthy import untrustworthy
+from perfsuite.judge.work import applied
 from perfsuite.launch import Launcher
 from perfsuite.launch.envs import CURRENT, build_hint
 from perfsuite.launch.fingerprint import tracked_packages
@@ -86,6 +88,8 @@ class PerfSession:
         self.launches = Launches(settings, fingerprint, launcher, progress or Progress(None))
         #: The profiled launches that explain a regression or an OOM, and the stored op profiles.
         self.op_profiles = OpProfiles(settings, self.launches, self._processor)
+        #: Each launch's counted step work, judged against the counts recorded beside the baselines.
+        self.work = WorkGate(settings.baselines_dir)
         # On cpu, this processor's entries (HardwareProfile.entry_processor): several live side by side.
         self.store = BaselineStore(settings.baselines_dir, settings.profile.name, self._processor)
         self._stores: dict[str, BaselineStore] = {CURRENT: self.store}
@@ -199,6 +203,7 @@ class PerfSession:
         )
         self.ceilings.offer(scenario.to_config(), result.status, _mean_or_none(result.metrics, "tflops"))
         result.extra_metrics.update(self.extra_metrics(result, self.ceilings))
+        self._judge_work(scenario, result, measurement)
         self._explain(scenario, result)
         # A throttled run, or one that mostly skipped its updates, must not become the baseline.
         distrusted = measurement.metrics is not None and untrustworthy(measurement.metrics) is not None
@@ -215,7 +220,7 @@ class PerfSession:
         Every measurement goes into ``attempts``."""
         busy: list[str] = []
         while True:
-            measurement = self.measure(scenario)
+            measurement = self.measure(scenario, count_work=self.settings.count_work)
             judgement = self._judge(scenario, measurement, baseline)
             attempts.append(attempt(scenario, measurement, judgement))
             why = self._contended(measurement.metrics)
@@ -245,10 +250,26 @@ class PerfSession:
         fingerprint = functools.partial(self.current_fingerprint, env)
         store = self.store_for(env)
         judgement = recording.record(scenario, result, store, self.settings, self.provenance, fingerprint)
+        if result.status == "ok" and self.settings.count_work:
+            packages = self.current_fingerprint(env).get("packages", {})
+            judgement = judgement.noted(
+                Note("work", self.work.record(scenario, store.profile, result.work_count, packages), "clause")
+            )
         if result.status != "ok" or self.settings.op_profiles == "off":
             return judgement
         # One more launch, after the measured ones: the op profile a later regression is diffed against.
         return judgement.noted(Note("op_profile", self.op_profiles.record(scenario, env, store.profile), "clause"))
+
+    def _judge_work(self, scenario: BaseScenario, result: ScenarioResult, measurement: Measurement) -> None:
+        """The step's counted work against the recorded counts (``--perf-work``), into ``result``."""
+        if not self.settings.count_work or measurement.status != "ok":
+            return
+        env = self.env_of(scenario)
+        result.work_count = counted(measurement)
+        packages = self.current_fingerprint(env).get("packages", {})
+        result.work = self.work.judge(scenario, self.store_for(env).profile, result.work_count, packages)
+        if not (self.settings.update_baselines or self.settings.calibrate):
+            result.judgement = applied(result.judgement, result.work)
 
     def _explain(self, scenario: BaseScenario, result: ScenarioResult) -> None:
         """Say why, with one more, profiled launch: which ops a regression grew (``always``: any measured
@@ -322,11 +343,17 @@ class PerfSession:
         return OneLaunch("ok", values, contended=self._contended(metrics))
 
     def measure(
-        self, scenario: BaseScenario, env: str | None = None, slowdown_pct: float | None = None, repeats: int = 0
+        self,
+        scenario: BaseScenario,
+        env: str | None = None,
+        slowdown_pct: float | None = None,
+        repeats: int = 0,
+        count_work: bool = False,
     ) -> Measurement:
         """``repeats`` (default: the session's) fresh launches of a prepared scenario in ``env``
-        (default: its own), pooled; nothing judged or recorded."""
-        return self.launches.measure(scenario, env or self.env_of(scenario), slowdown_pct, repeats)
+        (default: its own), pooled; nothing judged or recorded. ``count_work``: with each step's
+        counted work (the gate's own measurements; an A/B's launches compare timing only)."""
+        return self.launches.measure(scenario, env or self.env_of(scenario), slowdown_pct, repeats, count_work)
 
     # -- relations ------------------------------------------------------------
     def relation(self, relation: Relation) -> RelationOutcome:

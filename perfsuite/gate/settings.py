@@ -19,6 +19,9 @@ from perfsuite.launch.envs import PythonEnv, parse_envs
 #: When to profile ops (perfsuite.gate.profiling): ``--perf-op-profiles`` offers these.
 OpProfileMode = Literal["auto", "always", "off"]
 OP_PROFILE_MODES: tuple[OpProfileMode, ...] = get_args(OpProfileMode)
+#: Whether to count and judge each step's work (perfsuite.gate.work): ``--perf-work`` offers these.
+WorkMode = Literal["on", "off"]
+WORK_MODES: tuple[WorkMode, ...] = get_args(WorkMode)
 
 
 @dataclass(frozen=True)
@@ -43,4 +46,5 @@ class RunSettings:
     contention_wait_s: float = 60.0  # longest wait for a quiet host, per scenario
     contention_budget_s: float = 300.0  # longest waiting in all, per session
     op_profiles: OpProfileMode = "off"  # when to profile ops (perfsuite.gate.profiling; the plugin: auto)
+    count_work: bool = False  # count the gate's launches' step work and judge it (perfsuite.gate.work; plugin: on)
     artifacts_dir: Path = Path("perf-artifacts")  # where traces and allocator snapshots are kept

@@ -30,9 +30,10 @@ Verdict = Literal[
     "imbalance",
     "definition_changed",
     "other_machine",
+    "work_changed",
 ]
 FAILING: frozenset[str] = frozenset(
-    {"regression", "unexpected_oom", "unexpected_pass", "error", "imbalance", "definition_changed"}
+    {"regression", "unexpected_oom", "unexpected_pass", "error", "imbalance", "definition_changed", "work_changed"}
 )
 #: One-sided significance level for "the drop is real".
 ALPHA = 0.05
@@ -78,8 +79,8 @@ def check_metric(check: MetricCheck) -> MetricCheck:
 
 
 #: What a note on a verdict says: metrics it left unjudged, the machine that recorded the
-#: baseline, contention, a grown step spread, confirmation measurements, an op profile.
-NoteKind = Literal["unjudged", "machine", "contention", "spread", "confirmation", "op_profile"]
+#: baseline, contention, a grown step spread, confirmation measurements, an op profile, the step's work.
+NoteKind = Literal["unjudged", "machine", "contention", "spread", "confirmation", "op_profile", "work"]
 #: Where a note goes in the message: `` [text]`` after it, ``text `` before it, ``; text`` after it,
 #: or on a line of its own after or before it.
 Placement = Literal["bracketed", "before", "clause", "line_after", "line_before"]

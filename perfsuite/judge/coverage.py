@@ -42,6 +42,7 @@ JUDGED = frozenset(
         "recorded",
         "searched",
         "other_machine",
+        "work_changed",
     }
 )
 #: The judged verdict whose timing was not: its baseline came from another processor.
@@ -72,6 +73,8 @@ class Outcome:
     quarantined: bool = False
     missing: MissingPackage | None = None
     """The engine package whose absence skipped it, when that is why."""
+    work: str = ""
+    """The work gate's status (``perfsuite.judge.work.WorkStatus``); "" where no work was counted."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class Coverage:
     """Judged on memory only: their baselines were recorded on another processor."""
     not_installed: tuple[NotInstalled, ...] = ()
     """Skipped ones (also in ``skipped``) whose engine is not installed, by what installs it."""
+    work_judged: tuple[str, ...] | None = None
+    """Those whose step work was judged exactly (None: the run counted no work)."""
 
     @property
     def ok(self) -> bool:
@@ -129,6 +134,8 @@ class Coverage:
             parts.append(f"engine not installed: {uninstalled}")
         if self.timing_elsewhere:
             parts.append(f"timing not judged, baseline from another processor: {len(self.timing_elsewhere)}")
+        if self.work_judged is not None:
+            parts.append(f"step work judged: {len(self.work_judged)}")
         return "; ".join(parts)
 
     def notes(self) -> list[str]:
@@ -165,6 +172,7 @@ class Coverage:
             "skipped": dict(self.skipped),
             "not_installed": [group.to_json() for group in self.not_installed],
             "timing_elsewhere": list(self.timing_elsewhere),
+            "work_judged": None if self.work_judged is None else list(self.work_judged),
             "fixes": self.fixes(),
             "notes": self.notes(),
         }
@@ -192,6 +200,8 @@ def coverage_of(outcomes: Iterable[Outcome]) -> Coverage:
             if item.verdict == "unreliable":
                 causes.append(_cause(item.message))
     elsewhere = tuple(item.id for item in items if item.verdict == TIMING_ELSEWHERE and not item.quarantined)
+    counted = any(item.work for item in items)
+    work = tuple(i.id for i in items if i.work and i.work != "not_judged" and not i.quarantined) if counted else None
     return Coverage(
         len(items),
         tuple(judged),
@@ -201,6 +211,7 @@ def coverage_of(outcomes: Iterable[Outcome]) -> Coverage:
         tuple(causes),
         elsewhere,
         not_installed(items),
+        work,
     )
 
 

@@ -15,11 +15,13 @@ from typing import Any
 
 from perfsuite.core import metrics as registry
 from perfsuite.core.engines import MissingPackage
+from perfsuite.core.workcount import WorkCount
 from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.judge.ceilings import Ceilings
 from perfsuite.judge.compare import Judgement
 from perfsuite.judge.explain import Explanation
 from perfsuite.judge.stats import ScenarioMetrics, Summary
+from perfsuite.judge.work import WorkVerdict
 from perfsuite.launch import LaunchOutcome
 from perfsuite.store.baselines import BaselineEntry
 
@@ -73,6 +75,9 @@ class ScenarioResult:
     explanation: Explanation | None = None
     #: The engine package whose absence skipped it, when that is why (perfsuite.gate.fitting.launch_missing).
     missing: MissingPackage | None = None
+    #: What one step did, counted over the ranks (``--perf-work``), and the work gate's finding.
+    work_count: WorkCount | None = None
+    work: WorkVerdict | None = None
 
     @property
     def verdict(self) -> str:
@@ -99,6 +104,10 @@ class ScenarioResult:
             "failure": failure.__dict__ if failure else None,
             "wall_s": self.launch.wall_s if self.launch else 0.0,
             "op_profile": self.explanation.to_json() if self.explanation else None,
+            "work": {
+                "count": self.work_count.to_json() if self.work_count else None,
+                **(self.work.to_json() if self.work else {"status": "not_counted", "message": "", "diff": None}),
+            },
         }
 
 

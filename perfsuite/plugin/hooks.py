@@ -136,6 +136,7 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             device_wait_s=config.getoption("--perf-device-wait"),
             lock_dir=options.lock_dir(config),
             op_profiles=config.getoption("--perf-op-profiles"),
+            count_work=config.getoption("--perf-work") == "on",
             artifacts_dir=options.artifacts_dir(config),
             **exitstatus.contention_settings(config),
         )

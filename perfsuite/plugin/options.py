@@ -16,7 +16,7 @@ import pytest
 
 from perfsuite.core.files import output_problem
 from perfsuite.core.protocol import RankStart
-from perfsuite.gate.settings import OP_PROFILE_MODES
+from perfsuite.gate.settings import OP_PROFILE_MODES, WORK_MODES
 from perfsuite.launch.envs import EnvError, PythonEnv, parse_envs
 from perfsuite.plugin import exitstatus
 from perfsuite.reports.cost import Job
@@ -144,6 +144,14 @@ def add_options(parser: pytest.Parser) -> None:
         help="op profiles (torch.profiler, one extra launch each): auto stores one with every recorded baseline "
         "and explains a regression or a failing OOM with a fresh one; always also profiles scenarios that "
         "passed; off never profiles (default auto). Traces go to --perf-artifacts",
+    )
+    group.addoption(
+        "--perf-work",
+        choices=WORK_MODES,
+        default="on",
+        help="count what each scenario's step does (op calls, host syncs, collectives, bytes) in a few untimed "
+        "steps after the measured ones, record it with --perf-update-baselines and judge it exactly against the "
+        "recorded counts, on any processor; off neither counts nor judges (default on)",
     )
     group.addoption(
         "--perf-artifacts",

@@ -79,7 +79,15 @@ class BaselineMode(Mode):
         held = exitstatus.entries_of(self.config)
         results = session.results.values() if session is not None else ()
         return [
-            Outcome(r.scenario.id, r.verdict, r.judgement.message, r.scenario.id in held, r.missing) for r in results
+            Outcome(
+                r.scenario.id,
+                r.verdict,
+                r.judgement.message,
+                r.scenario.id in held,
+                r.missing,
+                r.work.status if r.work else "",
+            )
+            for r in results
         ]
 
     def summary(self, terminalreporter: Any, session: PerfSession | None) -> None:

@@ -16,9 +16,10 @@ import torch.distributed as dist
 
 from perfsuite.core.opprofile import PLANTED_REGION, OpProfile
 from perfsuite.core.protocol import RankJob, RankReport
+from perfsuite.core.workcount import WorkCount
 from perfsuite.rank.worker.health import HealthTracker
 from perfsuite.rank.worker.memory import MemoryTracker
-from perfsuite.rank.worker.runtime import Reporter, WorkerContext
+from perfsuite.rank.worker.runtime import Reporter, WorkerContext, lift_cpu_memory_budget
 
 STEADY_WINDOW = 3  # trailing warmup steps whose spread decides "settled"
 PROFILED_LAUNCH_STEPS = 3  # measured steps of a launch that profiles (their median is its reference)
@@ -37,6 +38,7 @@ class LoopResult:
     health: dict[str, Any] = field(default_factory=dict)
     reference_times_s: list[float] = field(default_factory=list)
     op_profile: OpProfile | None = None
+    work_count: WorkCount | None = None
 
     def report(self, rank: int, **fields: Any) -> RankReport:
         """This rank's ``ok`` report of the loop; a kind adds its own ``fields``
@@ -51,6 +53,7 @@ class LoopResult:
             memory=self.memory,
             health=self.health,
             op_profile=self.op_profile,
+            work_count=self.work_count,
             **fields,
         )
 
@@ -165,6 +168,7 @@ def measure(step: Step, job: RankJob, ctx: WorkerContext, reporter: Reporter) ->
             memory.sample()
             health.sample()
     reporter.mark("measure")
+    profiled = _profiled(timer, job, ctx, statistics.median(times)) if job.profile_steps else None
     return LoopResult(
         times,
         warmup,
@@ -173,8 +177,21 @@ def measure(step: Step, job: RankJob, ctx: WorkerContext, reporter: Reporter) ->
         memory.result.detail,
         health.result,
         reference.times if reference is not None else [],
-        _profiled(timer, job, ctx, statistics.median(times)) if job.profile_steps else None,
+        profiled,
+        _counted(timer, ctx, reporter) if job.count_work and not job.profile_steps else None,
     )
+
+
+def _counted(timer: StepTimer, ctx: WorkerContext, reporter: Reporter) -> WorkCount:
+    """What a step does, counted in a few more steps after the measured ones (untimed)."""
+    from perfsuite.rank.worker.workcount import count_steps  # torch.profiler: only in launches that count
+
+    reporter.phase("counting a step's work")
+    if ctx.device.type == "cpu":
+        # The budget bounds the measured steps, which are done; the profiler's records would count
+        # against it, and one rank out of memory here would leave the others in a collective.
+        lift_cpu_memory_budget()
+    return count_steps(timer, ctx.device)
 
 
 def _profiled(timer: StepTimer, job: RankJob, ctx: WorkerContext, unprofiled_s: float) -> OpProfile:

@@ -90,6 +90,7 @@ RESULT_SHAPES: Mapping[str, Shape] = {
     "launch": (dict, None),
     "failure": (dict, None),
     "stack_changes": (list, None),
+    "work": (dict, None),
 }
 METRIC_SHAPES: Mapping[str, Shape] = {
     "per_rank": (list, dict),

@@ -1,0 +1,188 @@
+"""What one training step does, counted: the ops it calls, its host syncs, its collectives and
+the bytes its ops return, and the exact judgement of those counts against a recorded baseline.
+
+Timing is noisy and tied to one machine; these counts are not. The same code on the same library
+versions calls the same ops with the same shapes every steady-state step, on any processor
+(docs/lab/work-counts.md measures it), so they are judged exactly, with no repeats, on the
+cheapest runner. A rank counts a few untimed steps after its measured ones
+(:mod:`perfsuite.rank.worker.workcount`); the pytest side sums the ranks, stores the sum beside
+the baselines (:mod:`perfsuite.store.workstore`) and compares (:func:`compare`).
+
+Only *top-level* calls count: the ones the user's code, autograd or an engine made, not the
+calls inside another op, whose choice of kernels can follow the processor's ISA. Torch-free:
+both sides import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+VERSION = 1
+#: Steps counted after one discarded step; counts that differ between them are not steady.
+STEPS = 2
+#: Ops that read a tensor's value or size back to the host: on CUDA each blocks until the device
+#: catches up, and on cpu they mark the same code path. ``bool(t)`` is ``is_nonzero``; ``.item()``
+#: is ``item`` (with ``_local_scalar_dense`` inside it, not counted again); ``nonzero``,
+#: ``masked_select`` and the ``unique`` family size their output from the data.
+SYNC_OPS = frozenset(
+    {
+        "aten::item",
+        "aten::_local_scalar_dense",
+        "aten::is_nonzero",
+        "aten::nonzero",
+        "aten::masked_select",
+        "aten::_unique2",
+        "aten::unique_consecutive",
+    }
+)
+#: Relative growth of the step's op calls or collective bytes that fails it:
+#: counts are exact, so any growth is a change of code; this keeps a rounding of per-step means
+#: (a call every third step) from failing alone.
+MAX_GROWTH = 0.01
+#: Differences listed after the costed ones, largest first.
+LISTED = 5
+
+
+@dataclass(frozen=True)
+class WorkCount:
+    """One step's work, per step, summed over the ranks."""
+
+    ops: Mapping[str, float]
+    """Top-level op calls by ``name(dtype)``: the dtype of the op's first tensor input, if any."""
+    collectives: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Collective calls by kind (``all_reduce``, ``reduce_scatter``...), as the backend ran them."""
+    collective_bytes: float = 0.0
+    """Bytes the collectives' input tensors hold, as the backend recorded them."""
+    ranks: int = 1
+    steady: bool = True
+    """Whether every counted step made the same calls; a step that varies (data-dependent control
+    flow, an fp16 step the loss scaler skipped) cannot be judged exactly."""
+    varied: tuple[str, ...] = ()
+    """Where counted steps differed, the first differences (``aten::copy_(float) 12 vs 14``)."""
+    version: int = VERSION
+
+    @property
+    def calls(self) -> float:
+        """Ops dispatched per step: on a GPU each launches at least one kernel."""
+        return sum(self.ops.values())
+
+    @property
+    def syncs(self) -> dict[str, float]:
+        """Host syncs per step, by op."""
+        return {name: n for name, n in self.ops.items() if op_name(name) in SYNC_OPS}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "ops": dict(sorted(self.ops.items()))}
+
+
+def op_name(key: str) -> str:
+    """``aten::mm`` of ``aten::mm(float)``."""
+    return key.split("(", 1)[0]
+
+
+def merge(counts: list[WorkCount]) -> WorkCount:
+    """The ranks' counts as one job's: summed (a pipeline's stages do different work)."""
+
+    def summed(field: str) -> dict[str, float]:
+        total: dict[str, float] = {}
+        for count in counts:
+            for key, n in getattr(count, field).items():
+                total[key] = total.get(key, 0.0) + n
+        return total
+
+    return WorkCount(
+        summed("ops"),
+        summed("collectives"),
+        sum(c.collective_bytes for c in counts),
+        ranks=sum(c.ranks for c in counts),
+        steady=all(c.steady for c in counts),
+        varied=tuple(dict.fromkeys(v for c in counts for v in c.varied)),
+    )
+
+
+# -- the judgement --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Growth:
+    """One costed quantity that grew: it fails the step."""
+
+    what: str
+    base: float
+    current: float
+
+    def describe(self) -> str:
+        if self.what.startswith("bytes"):
+            return f"{_mib(self.current - self.base)} MiB {self.what[6:]} per step ({_pct(self)})"
+        return f"{self.what}: {self.current:g} per step, was {self.base:g}"
+
+
+@dataclass(frozen=True)
+class WorkDiff:
+    """A step's counts against the baseline's: what grew (failing) and how the op mix moved."""
+
+    grown: tuple[Growth, ...]
+    ops: tuple[tuple[str, float, float], ...]
+    """Every op whose calls changed: name, baseline calls, current calls; largest change first."""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.grown)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.grown or self.ops)
+
+    def describe(self) -> str:
+        """One line: the costed growth first, then the ops that moved."""
+        if not self.changed:
+            return "work unchanged"
+        parts = [g.describe() for g in self.grown]
+        moved = [f"{name} {now - then:+g}" for name, then, now in self.ops[:LISTED]]
+        more = f" and {len(self.ops) - LISTED} more" if len(self.ops) > LISTED else ""
+        ops = f"op calls per step: {', '.join(moved)}{more}" if moved else ""
+        return "; ".join([*parts, *([ops] if ops else [])])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "failed": self.failed,
+            "message": self.describe(),
+            "grown": [dataclasses.asdict(g) for g in self.grown],
+            "ops": [{"op": name, "baseline": then, "current": now} for name, then, now in self.ops],
+        }
+
+
+def compare(base: WorkCount, current: WorkCount) -> WorkDiff:
+    """``current`` against ``base``. Any new host sync or collective call fails; so does growth
+    beyond :data:`MAX_GROWTH` in the op calls or the collectives' bytes. A different mix of ops with
+    none of these growing passes, its difference listed."""
+    grown = [
+        *_each_grew("host syncs", base.syncs, current.syncs),
+        *_each_grew("collective", base.collectives, current.collectives),
+        *_grew("op calls", base.calls, current.calls, MAX_GROWTH),
+        *_grew("bytes moved by collectives", base.collective_bytes, current.collective_bytes, MAX_GROWTH),
+    ]
+    names = sorted(set(base.ops) | set(current.ops))
+    moved = [(n, base.ops.get(n, 0.0), current.ops.get(n, 0.0)) for n in names]
+    ops = sorted((m for m in moved if abs(m[2] - m[1]) > 1e-9), key=lambda m: -abs(m[2] - m[1]))
+    return WorkDiff(tuple(grown), tuple(ops))
+
+
+def _each_grew(what: str, base: Mapping[str, float], current: Mapping[str, float]) -> list[Growth]:
+    """One growth per key whose count rose: ``host syncs aten::item``."""
+    return [
+        Growth(f"{what} {key}", base.get(key, 0.0), n) for key, n in sorted(current.items()) if n > base.get(key, 0.0)
+    ]
+
+
+def _grew(what: str, base: float, current: float, limit: float) -> list[Growth]:
+    return [Growth(what, base, current)] if current > base * (1 + limit) + 1e-9 else []
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:+.3g}"
+
+
+def _pct(growth: Growth) -> str:
+    return f"{growth.current / growth.base - 1:+.1%}" if growth.base else "none before"
