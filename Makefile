@@ -6,10 +6,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The scenario `make test` A/B-tests against HEAD~1 on cpu: a plain-torch GPT at world size 1,
-# the training loop with the least spread there (1.8-4.3% a pair, against 5.7-12.8% for the
-# 2-rank DDP mixed_precision.amp: docs/lab/ci-wall-time.md).
-AB_REV_NODE = bench_tests/test_parallel_3d.py::test_parallel_3d[parallel_3d.tp1_pp1]
+# The scenario `make test` A/B-tests against HEAD~1 on cpu: the Hugging Face Trainer at world size 1
+# in fp32 (any processor runs fp32 at full speed). It decided in 5-6 pairs (37-43 s) where
+# parallel_3d.tp1_pp1, 4 gloo ranks on the 2 cores, took 14-29 (docs/lab/ci-wall-time.md).
+AB_REV_NODE = bench_tests/test_trainer_sweep.py::test_trainer_sweep[trainer_sweep.gpu1_bs16_fp32]
 
 # The torch a venv without one gets, from pip's configured index: on Linux the public index
 # serves the CUDA build, so a CPU machine passes the CPU index (ci.yml does:
