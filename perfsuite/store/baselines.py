@@ -22,9 +22,10 @@ before. Which entry a run reads and replaces is :func:`slot`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,6 +49,20 @@ LOCK_TIMEOUT_S = 120.0  # a write holds the lock for milliseconds; this long mea
 
 class BaselineError(Exception):
     """A baseline file cannot be used; the message names the file and the fix."""
+
+
+@contextlib.contextmanager
+def locked(path: Path, what: str) -> Iterator[None]:
+    """Hold ``path``'s lock while the body reads the file as it is on disk, merges and writes it
+    atomically; a lock held too long or a write that fails is a :class:`BaselineError` naming
+    ``what`` (``op profile file``) and the file."""
+    try:
+        with FileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S):
+            yield
+    except Timeout:
+        raise BaselineError(f"{what} {path}: another process holds {path}.lock") from None
+    except OSError as exc:
+        raise BaselineError(f"{what} {path}: cannot write it ({exc.strerror or exc})") from None
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from perfsuite.core.files import atomic_write_json
 from perfsuite.core.opprofile import MAX_SUMMARY_BYTES, OTHER, VERSION, OpProfile, OpStat
 from perfsuite.core.protocol import ProtocolError, decode
-from perfsuite.store.baselines import LOCK_TIMEOUT_S, OTHER_PROCESSORS, BaselineError, same_processor, slot_among
+from perfsuite.store.baselines import OTHER_PROCESSORS, BaselineError, locked, same_processor, slot_among
 
 FOLDER = "op_profiles"
 #: Key naming the processor a stored profile was recorded on (the other processors' profiles of a
@@ -82,16 +80,11 @@ class ProfileStore:
         """Store ``profile`` (trimmed to the size cap) as this processor's for ``scenario_id``; returns what was stored."""
         path = self.path(group)
         stored = fit(dataclasses.replace(profile, trace=""))  # a trace path means nothing on another machine
-        try:
-            with FileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S):
-                entries = _load(path)
-                entries[scenario_id] = _placed(entries.get(scenario_id, ()), StoredProfile(stored, self.processor))
-                self.folder.mkdir(parents=True, exist_ok=True)
-                atomic_write_json(path, _document(group, entries))
-        except Timeout:
-            raise BaselineError(f"op profile file {path}: another process holds {path}.lock") from None
-        except OSError as exc:
-            raise BaselineError(f"op profile file {path}: cannot write it ({exc.strerror or exc})") from None
+        with locked(path, "op profile file"):
+            entries = _load(path)
+            entries[scenario_id] = _placed(entries.get(scenario_id, ()), StoredProfile(stored, self.processor))
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, _document(group, entries))
         self._cache[group] = entries
         return stored
 

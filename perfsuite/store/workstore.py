@@ -18,12 +18,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from perfsuite.core.files import atomic_write_json
 from perfsuite.core.protocol import ProtocolError, decode
 from perfsuite.core.workcount import VERSION, WorkCount
-from perfsuite.store.baselines import LOCK_TIMEOUT_S, BaselineError
+from perfsuite.store.baselines import BaselineError, locked
 
 FOLDER = "work"
 
@@ -57,16 +55,11 @@ class WorkStore:
     def record(self, group: str, scenario_id: str, stored: StoredWork) -> Path:
         """Store ``stored`` for ``scenario_id``, merged into the file as it is on disk; its path."""
         path = self.path(group)
-        try:
-            with FileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S):
-                entries = _load(path)
-                entries[scenario_id] = stored
-                self.folder.mkdir(parents=True, exist_ok=True)
-                atomic_write_json(path, _document(group, entries))
-        except Timeout:
-            raise BaselineError(f"work file {path}: another process holds {path}.lock") from None
-        except OSError as exc:
-            raise BaselineError(f"work file {path}: cannot write it ({exc.strerror or exc})") from None
+        with locked(path, "work file"):
+            entries = _load(path)
+            entries[scenario_id] = stored
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, _document(group, entries))
         self._cache[group] = entries
         return path
 
