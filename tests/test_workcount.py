@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,74 @@ def test_the_store_keeps_counts_and_versions_and_refuses_a_corrupt_file_untouche
     with pytest.raises(BaselineError):
         WorkStore(tmp_path, "cpu").record("team", "team.other", StoredWork(BASE, PACKAGES))
     assert path.read_text() == '{"version": 1, "scenarios": {"team.ddp": {"ops": "many"}}}'
+
+
+# -- the nesting, on the profiler's raw events ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    """A stand-in for the profiler's raw event (``_KinetoEvent``): what the count reads of one."""
+
+    event_name: str
+    start: int
+    end: int
+    thread: int = 1
+    async_: bool = False
+    types: tuple[str, ...] = ("float",)
+    shapes: tuple[list[int], ...] = ([4],)
+
+    def name(self) -> str:
+        return self.event_name
+
+    def start_ns(self) -> int:
+        return self.start
+
+    def end_ns(self) -> int:
+        return self.end
+
+    def start_thread_id(self) -> int:
+        return self.thread
+
+    def is_async(self) -> bool:
+        return self.async_
+
+    def dtypes(self) -> list[str]:
+        return list(self.types)
+
+    def structured_input_shapes(self) -> list[list[int]]:
+        return list(self.shapes)
+
+    def device_type(self) -> object:
+        from torch.autograd import DeviceType
+
+        return DeviceType.CPU
+
+
+def test_the_count_nests_as_torch_does_and_leaves_perfsuites_regions_and_async_calls_out() -> None:
+    from perfsuite.rank.worker.workcount import count
+
+    (step,) = count(
+        [
+            Event("ProfilerStep#0", 0, 100),
+            Event("c10d::recv_", 1, 90, async_=True, types=("TensorList",)),  # waits while the forward runs
+            Event("aten::linear", 2, 10),
+            Event("aten::addmm", 3, 9),  # inside linear: the kernel's choice, not counted
+            Event("aten::copy_", 8, 15),  # overlaps linear's end: not inside it (torch's rule)
+            Event("perfsuite::planted_slowdown", 20, 30),
+            Event("aten::mm", 21, 29),  # perfsuite's own work
+            Event("gloo:all_reduce", 40, 50, thread=2, shapes=([8, 2],)),  # the backend's thread
+            Event("aten::item", 60, 61),
+            Event("aten::add_", 200, 210),  # after the step
+        ]
+    )
+    assert step.ops == {
+        "c10d::recv_(TensorList)": 1,
+        "aten::linear(float)": 1,
+        "aten::copy_(float)": 1,
+        "aten::item(float)": 1,
+    }
+    assert step.collectives == {"all_reduce": 1} and step.collective_bytes == 8 * 2 * 4
 
 
 # -- real counts of a real step ---------------------------------------------------------------------

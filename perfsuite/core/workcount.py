@@ -1,5 +1,5 @@
-"""What one training step does, counted: the ops it calls, its host syncs, its collectives and
-the bytes its ops return, and the exact judgement of those counts against a recorded baseline.
+"""What one training step does, counted: the ops it calls, its host syncs and its collectives
+with their bytes, and the exact judgement of those counts against a recorded baseline.
 
 Timing is noisy and tied to one machine; these counts are not. The same code on the same library
 versions calls the same ops with the same shapes every steady-state step, on any processor
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 VERSION = 1
-#: Steps counted after one discarded step; counts that differ between them are not steady.
+#: Steps a rank counts, each on its own; counts that differ between them are not steady.
 STEPS = 2
 #: Ops that read a tensor's value or size back to the host: on CUDA each blocks until the device
 #: catches up, and on cpu they mark the same code path. ``bool(t)`` is ``is_nonzero``; ``.item()``
@@ -111,10 +111,12 @@ class Growth:
     what: str
     base: float
     current: float
+    in_bytes: bool = False
+    """A number of bytes (said in MiB, ``what`` naming how they are used), not a count of calls."""
 
     def describe(self) -> str:
-        if self.what.startswith("bytes"):
-            return f"{_mib(self.current - self.base)} MiB {self.what[6:]} per step ({_pct(self)})"
+        if self.in_bytes:
+            return f"{_mib(self.current - self.base)} MiB {self.what} per step ({_pct(self)})"
         return f"{self.what}: {self.current:g} per step, was {self.base:g}"
 
 
@@ -161,12 +163,15 @@ def compare(base: WorkCount, current: WorkCount) -> WorkDiff:
         *_each_grew("host syncs", base.syncs, current.syncs),
         *_each_grew("collective", base.collectives, current.collectives),
         *_grew("op calls", base.calls, current.calls, MAX_GROWTH),
-        *_grew("bytes moved by collectives", base.collective_bytes, current.collective_bytes, MAX_GROWTH),
+        *_grew("moved by collectives", base.collective_bytes, current.collective_bytes, MAX_GROWTH, in_bytes=True),
     ]
-    names = sorted(set(base.ops) | set(current.ops))
-    moved = [(n, base.ops.get(n, 0.0), current.ops.get(n, 0.0)) for n in names]
-    ops = sorted((m for m in moved if abs(m[2] - m[1]) > 1e-9), key=lambda m: -abs(m[2] - m[1]))
-    return WorkDiff(tuple(grown), tuple(ops))
+    return WorkDiff(tuple(grown), tuple(moved(base.ops, current.ops)))
+
+
+def moved(base: Mapping[str, float], current: Mapping[str, float]) -> list[tuple[str, float, float]]:
+    """Each key whose count differs: key, then and now; the largest change first."""
+    found = [(k, base.get(k, 0.0), current.get(k, 0.0)) for k in sorted(set(base) | set(current))]
+    return sorted((m for m in found if abs(m[2] - m[1]) > 1e-9), key=lambda m: -abs(m[2] - m[1]))
 
 
 def _each_grew(what: str, base: Mapping[str, float], current: Mapping[str, float]) -> list[Growth]:
@@ -176,8 +181,8 @@ def _each_grew(what: str, base: Mapping[str, float], current: Mapping[str, float
     ]
 
 
-def _grew(what: str, base: float, current: float, limit: float) -> list[Growth]:
-    return [Growth(what, base, current)] if current > base * (1 + limit) + 1e-9 else []
+def _grew(what: str, base: float, current: float, limit: float, in_bytes: bool = False) -> list[Growth]:
+    return [Growth(what, base, current, in_bytes)] if current > base * (1 + limit) + 1e-9 else []
 
 
 def _mib(nbytes: float) -> str:

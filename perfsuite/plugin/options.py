@@ -149,7 +149,7 @@ def add_options(parser: pytest.Parser) -> None:
         "--perf-work",
         choices=WORK_MODES,
         default="on",
-        help="count what each scenario's step does (op calls, host syncs, collectives, bytes) in a few untimed "
+        help="count what each scenario's step does (op calls, host syncs, collectives and their bytes) in two untimed "
         "steps after the measured ones, record it with --perf-update-baselines and judge it exactly against the "
         "recorded counts, on any processor; off neither counts nor judges (default on)",
     )

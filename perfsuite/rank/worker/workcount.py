@@ -1,5 +1,5 @@
 """A rank's count of what a step does (:class:`perfsuite.core.workcount.WorkCount`): a few
-untimed steps under ``torch.profiler`` after the measured ones, each counted on its own.
+untimed steps under the autograd profiler after the measured ones, each counted on its own.
 
 Counted per step from the profiler's events:
 
@@ -30,7 +30,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler import profile, record_function
 
 from perfsuite.core.opprofile import REGION_PREFIX
-from perfsuite.core.workcount import STEPS, WorkCount
+from perfsuite.core.workcount import STEPS, WorkCount, moved
 
 #: Name prefixes of the ops that count: ATen's and the distributed ops'.
 OP_PREFIXES = ("aten::", "c10d::")
@@ -47,7 +47,7 @@ def count_steps(step: Callable[[], float], device: torch.device, steps: int = ST
     """``steps`` calls of ``step`` under the profiler, each counted on its own; ``steady`` says
     whether they agreed. No step is discarded: the profiler's start-up slows the first one, which
     counts do not see. The autograd profiler, not ``torch.profiler.profile``: the latter's start
-    imports ``torch._inductor`` where it is not yet (1.6 s a rank, measured), to read one setting."""
+    imports ``torch._inductor`` where it is not yet (0.9 s a rank, measured), to read one setting."""
     with profile(use_cpu=True, use_device="cuda" if device.type == "cuda" else None, record_shapes=True) as prof:
         for n in range(steps):
             with record_function(f"{STEP_MARK}#{n}"):
@@ -66,15 +66,10 @@ MAX_VARIED = 8
 
 def differences(one: WorkCount, other: WorkCount) -> list[str]:
     """What two steps' counts differ in: ``aten::copy_(float) 12 vs 14``."""
-    found = []
-    for name in ("ops", "collectives", "collective_bytes"):
-        a, b = getattr(one, name), getattr(other, name)
-        if isinstance(a, dict):
-            found += [
-                f"{k} {a.get(k, 0):g} vs {b.get(k, 0):g}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
-            ]
-        elif a != b:
-            found.append(f"{name} {a:g} vs {b:g}")
+    keys = [*moved(one.ops, other.ops), *moved(one.collectives, other.collectives)]
+    found = [f"{key} {a:g} vs {b:g}" for key, a, b in keys]
+    if one.collective_bytes != other.collective_bytes:
+        found.append(f"collective_bytes {one.collective_bytes:g} vs {other.collective_bytes:g}")
     return found
 
 
