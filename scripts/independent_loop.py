@@ -33,13 +33,23 @@ ROWS = {
 def model(row: str) -> torch.nn.Module:
     if row == "mixed_precision.fp32":
         config = BertConfig(
-            vocab_size=8192, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=512, max_position_embeddings=128,
+            vocab_size=8192,
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=512,
+            max_position_embeddings=128,
         )
         return BertForPreTraining(config)
     config = GPT2Config(
-        vocab_size=512, n_embd=64, n_layer=8, n_head=2, n_positions=256,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        vocab_size=512,
+        n_embd=64,
+        n_layer=8,
+        n_head=2,
+        n_positions=256,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
     return GPT2LMHeadModel(config)
 
@@ -77,7 +87,7 @@ def main(row: str) -> None:
         optimizer.zero_grad(set_to_none=True)
         float(loss.detach())
         times.append(time.perf_counter() - start)
-    measured = torch.tensor(times[shape["warmup"]:], dtype=torch.float64)
+    measured = torch.tensor(times[shape["warmup"] :], dtype=torch.float64)
     dist.all_reduce(measured, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
     global_batch = shape["micro"] * world
     if rank == 0:
