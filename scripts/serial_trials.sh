@@ -3,12 +3,14 @@
 # neighbour busy DUTY ms of every 10 ms (default 2: 0.2 of a core, under cpu's 0.25 foreign-load
 # limit, so the gate still judges). Prints each run's outcome, time and load; counts at the end.
 # Run it from a frozen worktree (git worktree add --detach DIR HEAD) so edits do not leak in.
+# FIRST=loaded starts with a loaded run.
 #   PY=.venv/bin/python bash scripts/serial_trials.sh RUNS [DUTY]
 set -uo pipefail
 py=${PY:-python}; runs=$1; duty=${2:-2}
 passed=(0 0); total=(0 0)
 for i in $(seq 1 "$runs"); do
     loaded=$(( (i + 1) % 2 ))  # runs 2, 4, ... loaded
+    [ "${FIRST:-quiet}" = loaded ] && loaded=$(( i % 2 ))
     pid=
     if [ "$loaded" = 1 ]; then
         "$py" -c "

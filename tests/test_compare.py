@@ -332,3 +332,24 @@ def test_bad_options_are_usage_errors(capsys: pytest.CaptureFixture[str], args: 
         main(["compare", str(H100), str(H200), *args])
     err = capsys.readouterr().err
     assert exited.value.code == 2 and message in err and err.startswith("usage: perfsuite")
+
+
+COUNT = {"ops": {"aten::mm(float)": 12.0, "aten::item(float)": 2.0}, "collectives": {}, "collective_bytes": 0.0}
+
+
+def counted(document: dict[str, Any], ops: dict[str, float] | None = None) -> None:
+    """Give every row the same step work, ``ops`` changing ROW's."""
+    for row in document["results"]:
+        row["work"] = {"count": {**COUNT, "ops": {**COUNT["ops"], **(ops or {})}} if row["id"] == ROW else COUNT}
+
+
+def test_a_change_in_step_work_is_named_first_exactly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = doctored(tmp_path, counted, "old")
+    _, lines, _ = compare(capsys, old, doctored(tmp_path, lambda d: counted(d, {"aten::item(float)": 3.0})))
+    assert lines[1:3] == [
+        "step work changed (exact):",
+        f"  {ROW}: host syncs aten::item(float): 3 per step, was 2; op calls: 15 per step, was 14; "
+        "op calls per step: aten::item(float) +1",
+    ]
+    _, same, _ = compare(capsys, old, doctored(tmp_path, counted))
+    assert same[1] == "same profile and machine"  # nothing changed: no work lines

@@ -298,3 +298,34 @@ def test_a_side_that_holds_perfsuite_loads_its_own_plugin_module(tmp_path: Path)
     assert own_plugin(tmp_path) == ["-p", "no:perfsuite", "-p", "perfsuite.plugin"]
     here = own_plugin(Path(__file__).parents[1])
     assert here == ["-p", "no:perfsuite", "-p", "perfsuite.plugin.hooks"]
+
+
+def test_the_step_work_of_both_sides_is_compared_once_and_said_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    from perfsuite.core.workcount import WorkCount
+    from perfsuite.judge.abtest import work_lines
+
+    before, after = WorkCount({"aten::mm(float)": 4.0}), WorkCount({"aten::mm(float)": 4.0, "aten::item(float)": 1.0})
+    asked: list[tuple[Path, tuple[str, ...]]] = []
+    base = [100.0, 70.0, 130.0, 90.0, 110.0, 80.0, 120.0, 100.0]
+
+    def run_side(root: Path, paths: object, args: tuple[str, ...], out: Path) -> SideRun:
+        asked.append((root, tuple(args)))
+        level = base[(len(asked) - 1) // 2]
+        launches = {"g.s": OneLaunch("ok", {METRIC: level})}
+        counting = "--perf-work=off" not in args
+        work = {"g.s": (after if root == CANDIDATE_TREE else before) if counting else None}
+        return SideRun(launches, {"g.s": 0.1}, 1.0, work=work)
+
+    monkeypatch.setattr(abrev, "run_side", run_side)
+    (result,) = ab_trees(BASE_TREE, CANDIDATE_TREE, Settings(), Path("/scratch"), quiet=never_busy)
+    assert result.work is not None and result.work.failed
+    assert work_lines([result]) == [
+        "g.s: step work changed: host syncs aten::item(float): 1 per step, was 0; op calls: 5 per step, was 4; "
+        "op calls per step: aten::item(float) +1"
+    ]
+    assert result.to_json()["work"]["failed"] is True
+    # Counted in the first pair only: exact counts need no repeats.
+    assert all("--perf-work=off" not in args for _, args in asked[:2])
+    assert all("--perf-work=off" in args for _, args in asked[2:]) and asked[2:]
+    (shown,) = [row for row in summary_lines([result]) if "step work" in row]
+    assert shown.split()[:5] == ["g.s", "step", "work", "changed", "exact"] and "grew: host syncs" in shown

@@ -7,6 +7,7 @@ repository at world size 2 through the plugin); the judgement is pure and tested
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -28,6 +29,9 @@ BASE = WorkCount(
     {"aten::mm(float)": 12.0, "aten::add_(float)": 40.0, "aten::item": 2.0},
     {"all_reduce": 1.0},
     collective_bytes=4096.0,
+    op_bytes=2.0**30,
+    graphs=2,
+    graph_breaks=1,
     ranks=2,
 )
 PACKAGES = {"torch": "2.13.0+cpu", "transformers": "5.24.0"}
@@ -35,7 +39,7 @@ PACKAGES = {"torch": "2.13.0+cpu", "transformers": "5.24.0"}
 
 def with_ops(changes: dict[str, float]) -> WorkCount:
     """BASE with these ops' calls per step."""
-    return WorkCount({**BASE.ops, **changes}, BASE.collectives, BASE.collective_bytes, BASE.ranks)
+    return dataclasses.replace(BASE, ops={**BASE.ops, **changes})
 
 
 # -- the judgement, on values -----------------------------------------------------------------------
@@ -53,7 +57,7 @@ def test_a_new_host_sync_fails_naming_the_op() -> None:
 
 
 def test_a_second_all_reduce_fails_however_few_bytes_it_moves() -> None:
-    current = WorkCount(BASE.ops, {"all_reduce": 2.0}, BASE.collective_bytes, BASE.ranks)
+    current = WorkCount(BASE.ops, {"all_reduce": 2.0}, BASE.collective_bytes, ranks=BASE.ranks)
     assert "collective all_reduce: 2 per step, was 1" in compare(BASE, current).describe()
 
 
@@ -69,14 +73,39 @@ def test_more_op_calls_fail_beyond_the_stated_growth_and_pass_within_it() -> Non
 def test_a_different_mix_with_nothing_costed_growing_passes_and_is_listed() -> None:
     # A fused kernel for two ops: fewer calls, no new sync or collective.
     ops = {k: v for k, v in BASE.ops.items() if k != "aten::add_(float)"} | {"aten::_foreach_add_(float)": 4.0}
-    diff = compare(BASE, WorkCount(ops, BASE.collectives, BASE.collective_bytes, BASE.ranks))
+    diff = compare(BASE, WorkCount(ops, BASE.collectives, BASE.collective_bytes, ranks=BASE.ranks))
     assert diff.changed and not diff.failed
     assert diff.describe().startswith("op calls per step: aten::add_(float) -40, aten::_foreach_add_(float) +4")
 
 
 def test_more_collective_bytes_fail_in_mib() -> None:
-    current = WorkCount(BASE.ops, BASE.collectives, BASE.collective_bytes + 64 * 2**20, BASE.ranks)
+    current = WorkCount(BASE.ops, BASE.collectives, BASE.collective_bytes + 64 * 2**20, ranks=BASE.ranks)
     assert "+64 MiB moved by collectives per step (+1638400.0%)" in compare(BASE, current).describe()
+
+
+def test_ops_reading_more_bytes_fail_beyond_the_stated_growth_even_with_the_same_calls() -> None:
+    # An upcast: the same calls, the logits' ops reading float32 instead of bfloat16.
+    upcast = dataclasses.replace(BASE, op_bytes=BASE.op_bytes * 1.25)
+    assert "+256 MiB read by ops per step (+25.0%)" in compare(BASE, upcast).describe()
+    within = dataclasses.replace(BASE, op_bytes=BASE.op_bytes * (1 + MAX_GROWTH / 2))
+    assert not compare(BASE, within).failed
+
+
+@pytest.mark.parametrize(
+    ("field", "words"),
+    [("graph_breaks", "graph breaks: 2 in the run, was 1"), ("graphs", "compiled graphs: 3 in the run, was 2")],
+)
+def test_any_new_graph_or_graph_break_fails(field: str, words: str) -> None:
+    more = dataclasses.replace(BASE, **{field: getattr(BASE, field) + 1})
+    assert compare(BASE, more).failed and words in compare(BASE, more).describe()
+
+
+def test_a_quantity_one_side_did_not_count_is_not_judged() -> None:
+    # A recording by a perfsuite that counted no bytes or graphs.
+    older = dataclasses.replace(BASE, op_bytes=None, graphs=None, graph_breaks=None)
+    more = dataclasses.replace(BASE, op_bytes=BASE.op_bytes * 2, graphs=9, graph_breaks=9)
+    assert compare(older, more).describe() == "work unchanged"
+    assert merge([BASE, older]).op_bytes is None
 
 
 @pytest.mark.parametrize(
@@ -120,9 +149,27 @@ def test_unchanged_work_under_a_timing_regression_says_the_step_runs_slower_not_
     assert applied(Judgement("pass", "fine"), found).message == "fine"
 
 
+def test_a_row_that_marks_its_work_unjudged_shows_the_change_and_never_fails() -> None:
+    found = decide(StoredWork(BASE, PACKAGES), with_ops({"aten::item": 3.0}), PACKAGES, wanted=False)
+    assert found.status == "not_judged" and not found.judged
+    assert found.message.startswith("work not judged (the scenario sets judge_work=False): host syncs aten::item")
+    assert applied(Judgement("pass", "fine"), found) == Judgement("pass", "fine")
+
+
 def test_ranks_merge_by_summing() -> None:
     merged = merge([BASE, with_ops({"aten::item": 1.0})])
     assert merged.ops["aten::item"] == 3.0 and merged.ranks == 4 and merged.collectives == {"all_reduce": 2.0}
+    assert (merged.op_bytes, merged.graphs, merged.graph_breaks) == (2.0**31, 4, 2)
+
+
+def test_a_results_files_count_reads_from_another_revision_or_not_at_all() -> None:
+    from perfsuite.core.workcount import read
+
+    newer = {**json.loads(json.dumps(BASE.to_json())), "kernels": {"sm90_gemm": 4}}  # a later perfsuite's field
+    assert read(newer) == BASE
+    older = {"ops": {"aten::mm(float)": 1.0}, "collectives": {}, "collective_bytes": 0.0, "version": 1}
+    assert read(older) == WorkCount({"aten::mm(float)": 1.0})  # no bytes read, no graphs: not judged
+    assert read(None) is None and read({"ops": "many"}) is None and read({"ops": {}, "ranks": "two"}) is None
 
 
 # -- the store --------------------------------------------------------------------------------------
@@ -207,6 +254,8 @@ def test_the_count_nests_as_torch_does_and_leaves_perfsuites_regions_and_async_c
         "aten::item(float)": 1,
     }
     assert step.collectives == {"all_reduce": 1} and step.collective_bytes == 8 * 2 * 4
+    # The top-level calls' inputs: four float tensors of 4 elements (recv's TensorList has no size).
+    assert step.op_bytes == 3 * 4 * 4
 
 
 # -- real counts of a real step ---------------------------------------------------------------------
@@ -223,8 +272,16 @@ STEP = textwrap.dedent(
     opt = torch.optim.AdamW(model.parameters(), foreach="noforeach" not in sys.argv)
     x = torch.randn(8, 32)
 
+    if "break" in sys.argv:
+        model[1].register_forward_hook(lambda *_: torch._dynamo.graph_break())
+    if "compile" in sys.argv:  # dynamo's eager backend: its graphs and breaks, without inductor's build
+        model = torch.compile(model, backend="eager")
+
     def step():
-        loss = model(x).pow(2).mean()
+        out = model(x)
+        if "upcast" in sys.argv:
+            out = out.double()
+        loss = out.pow(2).mean()
         if "item" in sys.argv:
             loss.item()
         loss.backward()
@@ -265,12 +322,21 @@ def test_a_real_step_counts_the_same_twice_and_under_avx2_kernels(plain: WorkCou
 
 @pytest.mark.parametrize(
     ("flag", "words"),
-    [("item", "host syncs aten::item"), ("noforeach", "op calls: ")],
-    ids=["item", "adamw-without-foreach"],
+    [("item", "host syncs aten::item"), ("noforeach", "op calls: "), ("upcast", "MiB read by ops per step")],
+    ids=["item", "adamw-without-foreach", "upcast"],
 )
 def test_planted_changes_to_a_real_step_fail(plain: WorkCount, tmp_path: Path, flag: str, words: str) -> None:
     diff = compare(plain, counted(tmp_path, flag))
     assert diff.failed and words in diff.describe(), diff.describe()
+
+
+def test_a_graph_break_in_a_compiled_step_fails(tmp_path: Path) -> None:
+    whole = counted(tmp_path, "compile")
+    assert (whole.graphs, whole.graph_breaks) == (1, 0)
+    broken = counted(tmp_path, "compile", "break")
+    assert broken.graph_breaks and broken.steady  # dynamo counts the break each time it traces it
+    diff = compare(whole, broken)
+    assert diff.failed and f"graph breaks: {broken.graph_breaks} in the run, was 0" in diff.describe()
 
 
 # -- through the plugin, in a team's repository ----------------------------------------------------

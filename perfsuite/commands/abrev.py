@@ -35,12 +35,14 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - the tomli dependency on 3.10
     import tomli as tomllib
+from perfsuite.core import workcount
 from perfsuite.core.profiles import CPU
+from perfsuite.core.workcount import WorkCount
 from perfsuite.judge import sequential
-from perfsuite.judge.abtest import ABResult, Trial, markdown_lines, summary_lines
+from perfsuite.judge.abtest import ABResult, Trial, markdown_lines, summary_lines, work_lines
 from perfsuite.judge.contention import Contention, Quiet, contended, wait_for_quiet
 from perfsuite.judge.results import OneLaunch
-from perfsuite.launch import procs, warm
+from perfsuite.launch import procs
 from perfsuite.store.vcs import git
 
 BASE, CANDIDATE = "base", "candidate"
@@ -105,6 +107,8 @@ class SideRun:
     """Each scenario's pytest node id, as its results file names it (a revision from before it: none)."""
     limits: Limits = field(default_factory=Limits)
     """The contention limits of the profile it measured on."""
+    work: Mapping[str, WorkCount | None] = field(default_factory=dict)
+    """Each scenario's counted step work (none where that side's perfsuite counted none)."""
 
 
 def export(repo: Path, rev: str, into: Path) -> str:
@@ -151,7 +155,8 @@ def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: 
     nodeids = {k: v for k, v in found.items() if isinstance(v, str)} if isinstance(found, dict) else {}
     limits = Limits.of(document)
     launches = {r["id"]: launch_of(r, limits) for r in results}
-    return SideRun(launches, effects, time.monotonic() - started, nodeids, limits)
+    work = {r["id"]: workcount.read((r.get("work") or {}).get("count")) for r in results}
+    return SideRun(launches, effects, time.monotonic() - started, nodeids, limits, work)
 
 
 def selection(roots: Mapping[str, Path], last: Mapping[str, SideRun], still: Sequence[str]) -> tuple[str, ...] | None:
@@ -242,10 +247,13 @@ def ab_trees(
             side: run_side(roots[side][0], paths or settings.paths, roots[side][1], scratch / f"{side}-{pair}.json")
             for side in order
         }
+        if pair == 0:
+            roots = {side: (root, _counted_once(args, runs[side])) for side, (root, args) in roots.items()}
         last = runs
         dropped = 0
         for scenario_id in sorted(set(runs[BASE].launches) | set(runs[CANDIDATE].launches)):
             trial = trials.get(scenario_id) or trials.setdefault(scenario_id, _trial(scenario_id, settings, runs))
+            _add_work(trial, runs, scenario_id)
             launches = [(side, runs[side].launches.get(scenario_id, _unmeasured(side))) for side in order]
             dropped += _add_pair(trial, pair, launches)
         final = pair == attempts - 1 or (
@@ -263,6 +271,19 @@ def ab_trees(
                 waited = quiet(runs[CANDIDATE].limits, min(QUIET_WAIT_S, left))
                 say(f"  waited {waited.waited_s:.0f} s for a quiet host: {'quiet' if waited.quiet else 'still busy'}")
     return [trials[scenario_id].result for scenario_id in sorted(trials)]
+
+
+def _counted_once(args: tuple[str, ...], run: SideRun) -> tuple[str, ...]:
+    """A side's pytest arguments after its first run: step work is exact, so once counted it is not
+    counted again (``--perf-work=off``, which only a revision that counted knows)."""
+    return (*args, "--perf-work=off") if any(count is not None for count in run.work.values()) else args
+
+
+def _add_work(trial: Trial, runs: Mapping[str, SideRun], scenario_id: str) -> None:
+    """The candidate's step work against the base's, from the first pair that counted both."""
+    base, candidate = (runs[side].work.get(scenario_id) for side in (BASE, CANDIDATE))
+    if trial.result.work is None and base is not None and candidate is not None:
+        trial.result.work = workcount.compare(base, candidate)
 
 
 def _unmeasured(side: str) -> OneLaunch:
@@ -330,8 +351,8 @@ def add_parser(commands: Any) -> None:
     )
 
 
-def add_design_options(parser: argparse.ArgumentParser) -> None:
-    """The options of a sequential A/B, shared with ``bisect``."""
+def add_design_options(parser: argparse.ArgumentParser, max_pairs: int = sequential.MAX_PAIRS) -> None:
+    """The options of a sequential A/B, shared with ``bisect`` (which allows more pairs by default)."""
     parser.add_argument("-k", dest="keyword", help="pytest -k expression: the scenarios to compare")
     parser.add_argument(
         "--min-effect",
@@ -345,8 +366,8 @@ def add_design_options(parser: argparse.ArgumentParser) -> None:
         "--pairs",
         dest="max_pairs",
         type=at_least(2),
-        default=sequential.MAX_PAIRS,
-        help=f"most base/candidate pairs before a scenario is undecided (default {sequential.MAX_PAIRS})",
+        default=max_pairs,
+        help=f"most base/candidate pairs before a scenario is undecided (default {max_pairs})",
     )
     parser.add_argument(
         "--budget",
@@ -385,7 +406,8 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
     except ValueError as exc:
         print(f"perfsuite ab-rev: {exc}", file=sys.stderr)
         return BAD_INPUT
-    warm.share_with_children()  # each side's launches fork from that side's parent, every pair
+    # No warm parent outlives one side's pytest run: launches forked from one parent can all read
+    # ~20% slow (docs/lab/contention.md), and a parent kept across pairs would bias every pair alike.
     with tempfile.TemporaryDirectory(prefix="perfsuite-ab-rev.") as scratch:
         base = Path(scratch) / "base"
         try:
@@ -398,7 +420,7 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
             flush=True,
         )
         results = ab_trees(base, here, settings, Path(scratch), lambda line: print(line, flush=True))
-    print("\n".join(summary_lines(results)))
+    print("\n".join([*work_lines(results), *summary_lines(results)]))
     if ns.json:
         ns.json.write_text(json.dumps({"base": commit, "ab": [r.to_json() for r in results]}, indent=1))
     if ns.markdown:

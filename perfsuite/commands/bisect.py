@@ -27,7 +27,7 @@ from perfsuite.commands.abrev import BAD_INPUT, NOT_JUDGED, Settings, ab_trees, 
 from perfsuite.commands.cliargs import INTERRUPTED
 from perfsuite.core.files import atomic_write_json
 from perfsuite.judge.abtest import ABResult
-from perfsuite.launch import procs, warm
+from perfsuite.launch import procs
 from perfsuite.store import vcs
 
 #: What to try when a step was not judged, by its verdict.
@@ -317,6 +317,12 @@ def _min_effect(results: Sequence[ABResult]) -> str:
     return ", ".join(f"{e:.1%}" for e in effects) or "-"
 
 
+#: Pairs a step may take by default: twice ``ab-rev``'s, since one undecided step ends the whole
+#: search. On init's example row launches spread so that 2 of 5 searches stopped at a step of
+#: unchanged code after 8 pairs (docs/lab/contention.md); a step that decides early stops early.
+MAX_PAIRS = 16
+
+
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser("bisect", help="find the commit between GOOD and BAD that made a row slower (A/B)")
     parser.add_argument("good", metavar="GOOD", help="a revision that is not slower (e.g. v1.4, HEAD~16)")
@@ -327,7 +333,7 @@ def add_parser(commands: Any) -> None:
         default=["bench_tests"],
         help="test paths or node ids, the same at every commit (default bench_tests)",
     )
-    add_design_options(parser)
+    add_design_options(parser, MAX_PAIRS)
     parser.add_argument("--json", type=Path, metavar="FILE", help="write every step and the result to this file")
 
 
@@ -346,7 +352,8 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
         f"{most_steps(len(commits))} A/B step(s) of at most {settings.max_pairs} pairs",
         flush=True,
     )
-    warm.share_with_children()  # each side's launches fork from that side's parent, every pair
+    # No warm parent outlives one side's pytest run: launches forked from one parent can all read
+    # ~20% slow (docs/lab/contention.md), and a parent kept across pairs would bias every pair alike.
     trees = Worktrees(repo, Path(tempfile.mkdtemp(prefix="perfsuite-bisect.")))
     selection = (f"-k {ns.keyword!r} in " if ns.keyword else "") + " ".join(settings.paths)
     bisection = Bisection(good, bad, commits, settings, trees, ns.json, selection)

@@ -7,7 +7,8 @@ headline the 95% Welch t-interval of the change from each side's per-step mean, 
 It says what differs between the two profiles and machines (cards, processor, drivers, packages)
 above the table, since a change across machines is the hardware's as much as the code's. Rows in
 one file only, and rows one side did not measure, are listed with why. ``--fail-on PCT`` turns it
-into a gate on the point estimate. Pytest side, torch-free.
+into a gate on the point estimate. Rows whose counted step work differs are named first, with
+the difference, exactly. Pytest side, torch-free.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.core import metrics as registry
+from perfsuite.core import workcount
 from perfsuite.core.text import table
 from perfsuite.judge.compare import welch_interval
 from perfsuite.judge.stats import Summary
@@ -165,6 +167,21 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def work_changes(old: Mapping[str, Any], new: Mapping[str, Any], keyword: str | None = None) -> list[str]:
+    """Each scenario whose counted step work differs between the files, exactly, one line each:
+    what the step does, said before how fast it ran (which the machine moves too)."""
+    before = {r["id"]: workcount.read((r.get("work") or {}).get("count")) for r in old["results"]}
+    found = []
+    for r in new["results"]:
+        then, now = before.get(r["id"]), workcount.read((r.get("work") or {}).get("count"))
+        if (keyword and keyword not in r["id"]) or then is None or now is None:
+            continue
+        diff = workcount.compare(then, now)
+        if diff.changed:
+            found.append(f"{r['id']}: {diff.describe()}")
+    return found
+
+
 def _card(gpu: Mapping[str, Any]) -> str:
     return f"GPU {gpu.get('index', '?')} {identity.describe_card(gpu)}"
 
@@ -215,17 +232,23 @@ def tally(found: Sequence[Row], fail_on: float | None) -> str:
     return f"{line}; --fail-on {fail_on:g}%: {verdict}"
 
 
-def text(old: Path, new: Path, found: Sequence[Row], changed: Sequence[str], fail_on: float | None) -> str:
+def text(
+    old: Path, new: Path, found: Sequence[Row], changed: Sequence[str], fail_on: float | None, work: Sequence[str] = ()
+) -> str:
     """The comparison for a terminal."""
     lines = [f"perfsuite compare: OLD {old} -> NEW {new}"]
+    lines += ["step work changed (exact):", *(f"  {line}" for line in work)] if work else []
     lines += ["OLD and NEW differ in:", *(f"  {line}" for line in changed)] if changed else ["same profile and machine"]
     lines += table(COLUMNS, (cells(r, fail_on) for r in found))
     return "\n".join([*lines, tally(found, fail_on)]) + "\n"
 
 
-def markdown(old: Path, new: Path, found: Sequence[Row], changed: Sequence[str], fail_on: float | None) -> str:
+def markdown(
+    old: Path, new: Path, found: Sequence[Row], changed: Sequence[str], fail_on: float | None, work: Sequence[str] = ()
+) -> str:
     """The comparison as a job-summary section (``$GITHUB_STEP_SUMMARY``)."""
     lines = [f"## perfsuite compare: `{old}` -> `{new}`", ""]
+    lines += ["Step work changed (exact):", "", *(f"- {_md(line)}" for line in work), ""] if work else []
     lines += (
         ["OLD and NEW differ in:", "", *(f"- {_md(line)}" for line in changed)]
         if changed
@@ -263,5 +286,7 @@ def run(ns: argparse.Namespace) -> int:
         print(f"perfsuite compare: -k {ns.keyword!r} matches no scenario of {ns.old} or {ns.new}", file=sys.stderr)
         return 2
     render = markdown if ns.markdown else text
-    sys.stdout.write(render(ns.old, ns.new, found, differences(old, new), ns.fail_on))
+    sys.stdout.write(
+        render(ns.old, ns.new, found, differences(old, new), ns.fail_on, work_changes(old, new, ns.keyword))
+    )
     return 1 if any(too_slow(r, ns.fail_on) for r in found) else 0

@@ -1,5 +1,6 @@
-"""What one training step does, counted: the ops it calls, its host syncs and its collectives
-with their bytes, and the exact judgement of those counts against a recorded baseline.
+"""What one training step does, counted: the ops it calls and the bytes they read, its host
+syncs, its collectives with their bytes, a compiled row's graphs and graph breaks, and the exact
+judgement of those counts against a recorded baseline.
 
 Timing is noisy and tied to one machine; these counts are not. The same code on the same library
 versions calls the same ops with the same shapes every steady-state step, on any processor
@@ -18,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 VERSION = 1
+N = TypeVar("N", int, float)
 #: Steps a rank counts, each on its own; counts that differ between them are not steady.
 STEPS = 2
 #: Ops that read a tensor's value or size back to the host: on CUDA each blocks until the device
@@ -56,6 +58,15 @@ class WorkCount:
     """Collective calls by kind (``all_reduce``, ``reduce_scatter``...), as the backend ran them."""
     collective_bytes: float = 0.0
     """Bytes the collectives' input tensors hold, as the backend recorded them."""
+    op_bytes: float | None = None
+    """Bytes the top-level ops' tensor inputs hold (shape x element size, as the profiler recorded
+    them): what the step's ops read. An upcast, or a matmul left in fp32 under autocast, reads more
+    with the same calls. None: counted by a perfsuite that did not count it."""
+    graphs: int | None = None
+    """Graphs torch.compile compiled since the rank started (dynamo's ``unique_graphs``): a graph
+    break or a recompile adds one. None: counted by a perfsuite that did not count it."""
+    graph_breaks: int | None = None
+    """Graph breaks dynamo met since the rank started (its ``graph_break`` counter)."""
     ranks: int = 1
     steady: bool = True
     """Whether every counted step made the same calls; a step that varies (data-dependent control
@@ -78,6 +89,21 @@ class WorkCount:
         return {**dataclasses.asdict(self), "ops": dict(sorted(self.ops.items()))}
 
 
+def read(data: Any) -> WorkCount | None:
+    """A results file's ``work.count`` as a WorkCount, or None where it holds none. Tolerant: the
+    file may come from another revision of perfsuite (``ab-rev``, ``bisect``, ``compare``), so
+    fields it does not know are left out and a malformed count reads as none."""
+    from perfsuite.core.protocol import ProtocolError, decode  # it imports this module
+
+    if not isinstance(data, Mapping):
+        return None
+    known = {f.name for f in dataclasses.fields(WorkCount)} - {"version"}
+    try:
+        return decode(WorkCount, {k: v for k, v in data.items() if k in known}, "work.count")
+    except ProtocolError:
+        return None
+
+
 def op_name(key: str) -> str:
     """``aten::mm`` of ``aten::mm(float)``."""
     return key.split("(", 1)[0]
@@ -97,10 +123,18 @@ def merge(counts: list[WorkCount]) -> WorkCount:
         summed("ops"),
         summed("collectives"),
         sum(c.collective_bytes for c in counts),
+        _total([c.op_bytes for c in counts]),
+        _total([c.graphs for c in counts]),
+        _total([c.graph_breaks for c in counts]),
         ranks=sum(c.ranks for c in counts),
         steady=all(c.steady for c in counts),
         varied=tuple(dict.fromkeys(v for c in counts for v in c.varied)),
     )
+
+
+def _total(values: list[N | None]) -> N | None:
+    """The ranks' sum, or None where a rank did not count it."""
+    return None if not values or any(v is None for v in values) else sum(values)  # type: ignore[return-value]
 
 
 # -- the judgement --------------------------------------------------------------------------------
@@ -113,11 +147,13 @@ class Growth:
     current: float
     in_bytes: bool = False
     """A number of bytes (said in MiB, ``what`` naming how they are used), not a count of calls."""
+    per_step: bool = True
+    """Counted per step; else over the rank's whole run (compiled graphs, graph breaks)."""
 
     def describe(self) -> str:
         if self.in_bytes:
             return f"{_mib(self.current - self.base)} MiB {self.what} per step ({_pct(self)})"
-        return f"{self.what}: {self.current:g} per step, was {self.base:g}"
+        return f"{self.what}: {self.current:g} {'per step' if self.per_step else 'in the run'}, was {self.base:g}"
 
 
 @dataclass(frozen=True)
@@ -156,13 +192,17 @@ class WorkDiff:
 
 
 def compare(base: WorkCount, current: WorkCount) -> WorkDiff:
-    """``current`` against ``base``. Any new host sync or collective call fails; so does growth
-    beyond :data:`MAX_GROWTH` in the op calls or the collectives' bytes. A different mix of ops with
+    """``current`` against ``base``. Any new host sync, collective call, compiled graph or graph
+    break fails; so does growth beyond :data:`MAX_GROWTH` in the op calls, the bytes they read or the
+    collectives' bytes. A quantity one side did not count is not judged. A different mix of ops with
     none of these growing passes, its difference listed."""
     grown = [
         *_each_grew("host syncs", base.syncs, current.syncs),
         *_each_grew("collective", base.collectives, current.collectives),
+        *_grew("graph breaks", base.graph_breaks, current.graph_breaks, 0.0, per_step=False),
+        *_grew("compiled graphs", base.graphs, current.graphs, 0.0, per_step=False),
         *_grew("op calls", base.calls, current.calls, MAX_GROWTH),
+        *_grew("read by ops", base.op_bytes, current.op_bytes, MAX_GROWTH, in_bytes=True),
         *_grew("moved by collectives", base.collective_bytes, current.collective_bytes, MAX_GROWTH, in_bytes=True),
     ]
     return WorkDiff(tuple(grown), tuple(moved(base.ops, current.ops)))
@@ -181,8 +221,12 @@ def _each_grew(what: str, base: Mapping[str, float], current: Mapping[str, float
     ]
 
 
-def _grew(what: str, base: float, current: float, limit: float, in_bytes: bool = False) -> list[Growth]:
-    return [Growth(what, base, current, in_bytes)] if current > base * (1 + limit) + 1e-9 else []
+def _grew(
+    what: str, base: float | None, current: float | None, limit: float, in_bytes: bool = False, per_step: bool = True
+) -> list[Growth]:
+    if base is None or current is None:  # one side did not count it
+        return []
+    return [Growth(what, base, current, in_bytes, per_step)] if current > base * (1 + limit) + 1e-9 else []
 
 
 def _mib(nbytes: float) -> str:

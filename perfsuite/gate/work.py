@@ -44,7 +44,7 @@ class WorkGate:
     def judge(
         self, scenario: BaseScenario, folder: str, count: WorkCount | None, packages: Mapping[str, str]
     ) -> WorkVerdict:
-        return decide(self.store(folder).get(scenario.group, scenario.id), count, packages)
+        return decide(self.store(folder).get(scenario.group, scenario.id), count, packages, scenario.judge_work)
 
     def record(self, scenario: BaseScenario, folder: str, count: WorkCount | None, packages: Mapping[str, str]) -> str:
         """Store ``count`` as the scenario's; what to add to the verdict's message."""

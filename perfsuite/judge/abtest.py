@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from perfsuite.core import metrics as registry
 from perfsuite.core.text import table
+from perfsuite.core.workcount import WorkDiff
 from perfsuite.judge import sequential
 from perfsuite.judge.results import OneLaunch
 from perfsuite.judge.sequential import Design, State
@@ -135,6 +136,9 @@ class ABResult:
     message: str = ""
     dropped: list[str] = field(default_factory=list)
     """The pairs left out because a side was measured under contention: which and why."""
+    work: WorkDiff | None = None
+    """The candidate's counted step work against the base's (``ab-rev``, ``bisect``: their first
+    pair in which both sides counted); None where a side counted none."""
 
     @property
     def judged(self) -> bool:
@@ -157,6 +161,7 @@ class ABResult:
             "launches": [asdict(launch) for launch in self.launches],
             "comparisons": [asdict(c) for c in self.comparisons],
             "dropped_pairs": list(self.dropped),
+            "work": self.work.to_json() if self.work else None,
         }
 
 
@@ -306,6 +311,8 @@ def summary_lines(results: Sequence[ABResult]) -> list[str]:
             rows.append((*cells, _outcome(r, c.outcome)))
         if r.headline is None:
             rows.append((r.id, "-", "-", "-", "-", f"{r.verdict}: {r.message[:60]}"))
+        if r.work is not None:
+            rows.append((r.id, "step work", "changed" if r.work.changed else "none", "exact", "-", _work(r.work)))
     return table(("scenario", "metric", "change", "interval", "pairs", "outcome"), rows)
 
 
@@ -327,7 +334,20 @@ def markdown_lines(results: Sequence[ABResult], title: str) -> list[str]:
             f"| `{r.id}` | {r.verdict} | {state.slowdown:+.1%} | {_interval(state)} | "
             f"{design.min_effect:.1%} | {r.pairs} of {design.max_pairs}{_dropped(r)} |"
         )
-    return lines
+    changed = work_lines(results)
+    return [*lines, *(["", "Step work (exact):", "", *[f"- {line}" for line in changed]] if changed else [])]
+
+
+def _work(diff: WorkDiff) -> str:
+    """The step work's outcome: costed growth fails the gate, a mix change is only shown."""
+    if not diff.changed:
+        return "unchanged"
+    return f"{'grew' if diff.failed else 'other mix'}: {diff.describe()[:100]}"
+
+
+def work_lines(results: Sequence[ABResult]) -> list[str]:
+    """What each scenario's step does differently on the candidate, exactly: said before any timing."""
+    return [f"{r.id}: step work changed: {r.work.describe()}" for r in results if r.work and r.work.changed]
 
 
 def _dropped(result: ABResult) -> str:

@@ -40,6 +40,7 @@ NOT_DEFINING = frozenset(
         "max_warmup_steps",
         "tier",
         "min_effect",
+        "judge_work",
     }
 )
 

@@ -52,13 +52,20 @@ class WorkVerdict:
         return {"status": self.status, "message": self.message, "diff": self.diff.to_json() if self.diff else None}
 
 
-def decide(stored: StoredWork | None, current: WorkCount | None, packages: Mapping[str, str]) -> WorkVerdict:
-    """``current`` (this run's counts, ``None``: none were counted) against ``stored``."""
+def decide(
+    stored: StoredWork | None, current: WorkCount | None, packages: Mapping[str, str], wanted: bool = True
+) -> WorkVerdict:
+    """``current`` (this run's counts, ``None``: none were counted) against ``stored``; ``wanted``
+    False (the scenario's ``judge_work``): the difference shown, never judged."""
     why = _unjudgeable(stored, current, packages)
     if why is not None:
         return WorkVerdict("not_judged", f"work not judged: {why}")
     assert stored is not None and current is not None  # _unjudgeable said so
     diff = compare(stored.count, current)
+    if not wanted:
+        return WorkVerdict(
+            "not_judged", f"work not judged (the scenario sets judge_work=False): {diff.describe()}", diff
+        )
     if diff.failed:
         return WorkVerdict("failed", f"step work changed: {diff.describe()}", diff)
     if diff.changed:

@@ -111,6 +111,9 @@ class BaseScenario:
     tier: Tier = "pr"
     """When a workflow runs it: ``pr`` on every pull request and nightly, ``nightly`` only in
     the full nightly run (``--perf-tier pr`` deselects it). Not part of the definition."""
+    judge_work: bool = True
+    """Whether its counted step work is judged (``--perf-work``). False: counted and shown, never
+    failing, for a row whose calls change by design between runs. Not part of the definition."""
     declared: Mapping[str, Any] = field(default_factory=dict)
     """Set by :meth:`resolve`, not by hand: the declared value of each field the
     applied variant changed (an fp16 row's precision where it runs bf16 on cpu),
@@ -255,6 +258,7 @@ class BaseScenario:
             **({"reference": self.reference} if self.reference else {}),
             **({"min_effect": self.min_effect} if self.min_effect is not None else {}),
             "tier": self.tier,
+            **({"judge_work": False} if not self.judge_work else {}),
             "nodes": self.nodes,
             "env": self.env or "current",
             **({"declared": {name: _plain(value) for name, value in self.declared.items()}} if self.declared else {}),

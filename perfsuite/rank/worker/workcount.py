@@ -6,9 +6,12 @@ Counted per step from the profiler's events:
 * top-level op calls: ``aten::``/``c10d::`` events with no such op above them, by name and the
   dtype of their first tensor input. Calls inside another op are left out: which kernels an op
   runs may follow the processor (oneDNN, AMX), what the code calls does not;
+* the bytes those top-level calls read: their tensor inputs' recorded shapes times element size;
 * collectives: the backend's own records (``gloo:all_reduce``, ``nccl:all_reduce``), which DDP's
   reducer and ZeRO's hooks leave too, though they call the process group from C++, and their
   bytes from those records' shapes and dtypes;
+* torch.compile's graphs and graph breaks since the rank started, from dynamo's counters (not
+  per step: a row compiles in its warmup).
 
 Work inside a ``perfsuite::`` region (the planted slowdown) is perfsuite's, not the step's, and the
 profiler's own step markers are not ops. Memory is not profiled: the profiler's memory records come
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +44,21 @@ BACKEND_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:")
 #: not a ``perfsuite::`` one, whose work would be left out.
 STEP_MARK = "ProfilerStep"
 #: Bytes per element of the dtype names the profiler records.
-_ITEM_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "bool": 1}
+_ITEM_BYTES = {
+    "float": 4,
+    "double": 8,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "long int": 8,
+    "int": 4,
+    "short": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+    "c10::complex<float>": 8,
+}
 
 
 def count_steps(step: Callable[[], float], device: torch.device, steps: int = STEPS) -> WorkCount:
@@ -57,7 +75,18 @@ def count_steps(step: Callable[[], float], device: torch.device, steps: int = ST
         raise RuntimeError("the profiler recorded no step markers: the step's work cannot be counted")
     first, rest = counted[0], counted[1:]
     varied = tuple(dict.fromkeys(d for other in rest for d in differences(first, other)))[:MAX_VARIED]
-    return dataclasses.replace(first, steady=not varied, varied=varied)
+    graphs, breaks = compiled()
+    return dataclasses.replace(first, steady=not varied, varied=varied, graphs=graphs, graph_breaks=breaks)
+
+
+def compiled() -> tuple[int, int]:
+    """torch.compile's graphs and graph breaks in this process so far: none where dynamo was never
+    imported (torch.compile imports it; importing it here would cost a rank a second)."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return 0, 0
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
 
 
 #: Differences between counted steps a rank reports (the first few say enough).
@@ -68,8 +97,10 @@ def differences(one: WorkCount, other: WorkCount) -> list[str]:
     """What two steps' counts differ in: ``aten::copy_(float) 12 vs 14``."""
     keys = [*moved(one.ops, other.ops), *moved(one.collectives, other.collectives)]
     found = [f"{key} {a:g} vs {b:g}" for key, a, b in keys]
-    if one.collective_bytes != other.collective_bytes:
-        found.append(f"collective_bytes {one.collective_bytes:g} vs {other.collective_bytes:g}")
+    for name in ("collective_bytes", "op_bytes"):
+        a, b = getattr(one, name), getattr(other, name)
+        if a != b:
+            found.append(f"{name} {a:g} vs {b:g}")
     return found
 
 
@@ -80,9 +111,10 @@ class _Tally:
     ops: Counter[str] = field(default_factory=Counter)
     collectives: Counter[str] = field(default_factory=Counter)
     collective_bytes: float = 0.0
+    op_bytes: float = 0.0
 
     def result(self) -> WorkCount:
-        return WorkCount(dict(self.ops), dict(self.collectives), self.collective_bytes)
+        return WorkCount(dict(self.ops), dict(self.collectives), self.collective_bytes, self.op_bytes)
 
 
 def count(events: Sequence[Any]) -> list[WorkCount]:
@@ -132,7 +164,9 @@ def _walk(ordered: Sequence[Any], marks: Sequence[tuple[int, int]], tallies: Seq
             tally.collectives[name.split(":", 1)[1]] += 1
             tally.collective_bytes += tensor_bytes(e.structured_input_shapes(), e.dtypes())
         if is_op and not in_op:
-            tally.ops[_key(name, e.dtypes())] += 1
+            dtypes = e.dtypes()
+            tally.ops[_key(name, dtypes)] += 1
+            tally.op_bytes += tensor_bytes(e.structured_input_shapes(), dtypes)
 
 
 def _step_of(start: int, marks: Sequence[tuple[int, int]]) -> int | None:
