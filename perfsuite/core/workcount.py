@@ -134,7 +134,8 @@ def merge(counts: list[WorkCount]) -> WorkCount:
 
 def _total(values: list[N | None]) -> N | None:
     """The ranks' sum, or None where a rank did not count it."""
-    return None if not values or any(v is None for v in values) else sum(values)  # type: ignore[return-value]
+    present = [v for v in values if v is not None]
+    return sum(present[1:], present[0]) if present and len(present) == len(values) else None
 
 
 # -- the judgement --------------------------------------------------------------------------------
