@@ -163,9 +163,9 @@ def test_ranks_merge_by_summing() -> None:
 
 
 def test_a_results_files_count_reads_from_another_revision_or_not_at_all() -> None:
-    from perfsuite.core.workcount import read
+    from perfsuite.core.protocol import read_work_count as read
 
-    newer = {**json.loads(json.dumps(BASE.to_json())), "kernels": {"sm90_gemm": 4}}  # a later perfsuite's field
+    newer = {**json.loads(json.dumps(BASE.to_json())), "energy_j": 4.5}  # a later perfsuite's field
     assert read(newer) == BASE
     older = {"ops": {"aten::mm(float)": 1.0}, "collectives": {}, "collective_bytes": 0.0, "version": 1}
     assert read(older) == WorkCount({"aten::mm(float)": 1.0})  # no bytes read, no graphs: not judged
@@ -202,6 +202,7 @@ class Event:
     async_: bool = False
     types: tuple[str, ...] = ("float",)
     shapes: tuple[list[int], ...] = ([4],)
+    device: str = "CPU"
 
     def name(self) -> str:
         return self.event_name
@@ -227,7 +228,7 @@ class Event:
     def device_type(self) -> object:
         from torch.autograd import DeviceType
 
-        return DeviceType.CPU
+        return getattr(DeviceType, self.device)
 
 
 def test_the_count_nests_as_torch_does_and_leaves_perfsuites_regions_and_async_calls_out() -> None:
@@ -256,6 +257,34 @@ def test_the_count_nests_as_torch_does_and_leaves_perfsuites_regions_and_async_c
     assert step.collectives == {"all_reduce": 1} and step.collective_bytes == 8 * 2 * 4
     # The top-level calls' inputs: four float tensors of 4 elements (recv's TensorList has no size).
     assert step.op_bytes == 3 * 4 * 4
+
+
+def test_on_a_gpu_kernels_count_by_the_step_they_ran_in_and_runtime_syncs_wherever_called() -> None:
+    """The GPU side, on the events a CUDA profile records (checked for real in the GPU call)."""
+    from perfsuite.rank.worker.workcount import count
+
+    first, second = count(
+        [
+            Event("ProfilerStep#0", 0, 100),
+            Event("ProfilerStep#1", 100, 200),
+            Event("aten::mm", 2, 10),
+            Event("sm90_xmma_gemm_f32", 5, 40, thread=7, device="CUDA"),  # runs after its launch
+            Event("aten::item", 50, 60),
+            Event("cudaStreamSynchronize", 52, 58),  # inside item: counted all the same
+            Event("aten::mm", 102, 110),
+            Event("sm90_xmma_gemm_f32", 104, 130, thread=7, device="CUDA"),
+            Event("Memcpy DtoH (Device -> Pinned)", 140, 141, thread=7, device="CUDA"),
+        ]
+    )
+    assert first.kernels == {"sm90_xmma_gemm_f32": 1} and first.syncs == {
+        "aten::item(float)": 1,
+        "cudaStreamSynchronize": 1,
+    }
+    assert second.kernels == {"sm90_xmma_gemm_f32": 1, "Memcpy DtoH (Device -> Pinned)": 1}
+    diff = compare(first, second)
+    assert "device kernels: 2 per step, was 1" in diff.describe()
+    assert "kernels per step: Memcpy DtoH (Device -> Pinned) +1" in diff.describe()
+    assert compare(dataclasses.replace(first, kernels={}), second).describe().count("device kernels") == 0
 
 
 # -- real counts of a real step ---------------------------------------------------------------------

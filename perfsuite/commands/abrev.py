@@ -37,6 +37,7 @@ else:  # pragma: no cover - the tomli dependency on 3.10
     import tomli as tomllib
 from perfsuite.core import workcount
 from perfsuite.core.profiles import CPU
+from perfsuite.core.protocol import read_work_count
 from perfsuite.core.workcount import WorkCount
 from perfsuite.judge import sequential
 from perfsuite.judge.abtest import ABResult, Trial, markdown_lines, summary_lines, work_lines
@@ -155,7 +156,7 @@ def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: 
     nodeids = {k: v for k, v in found.items() if isinstance(v, str)} if isinstance(found, dict) else {}
     limits = Limits.of(document)
     launches = {r["id"]: launch_of(r, limits) for r in results}
-    work = {r["id"]: workcount.read((r.get("work") or {}).get("count")) for r in results}
+    work = {r["id"]: read_work_count((r.get("work") or {}).get("count")) for r in results}
     return SideRun(launches, effects, time.monotonic() - started, nodeids, limits, work)
 
 

@@ -132,6 +132,19 @@ def decode(cls: type[T], data: Any, where: str = "", decoded: Mapping[str, Any] 
     return cls(**values)
 
 
+def read_work_count(data: Any) -> WorkCount | None:
+    """A results file's ``work.count`` as a WorkCount, or None where it holds none. Tolerant: the
+    file may come from another revision of perfsuite (``ab-rev``, ``bisect``, ``compare``), so
+    fields it does not know are left out and a malformed count reads as none."""
+    if not isinstance(data, Mapping):
+        return None
+    known = {f.name for f in dataclasses.fields(WorkCount)} - {"version"}
+    try:
+        return decode(WorkCount, {k: v for k, v in data.items() if k in known}, "work.count")
+    except ProtocolError:
+        return None
+
+
 def decode_value(hint: Any, value: Any, where: str) -> Any:
     """One JSON value as type ``hint`` (see :func:`decode`)."""
     origin, args = get_origin(hint), get_args(hint)

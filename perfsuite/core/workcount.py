@@ -31,6 +31,9 @@ STEPS = 2
 #: ``masked_select`` and the ``unique`` family size their output from the data.
 SYNC_OPS = frozenset(
     {
+        "cudaDeviceSynchronize",
+        "cudaStreamSynchronize",
+        "cudaEventSynchronize",
         "aten::item",
         "aten::_local_scalar_dense",
         "aten::is_nonzero",
@@ -67,6 +70,10 @@ class WorkCount:
     break or a recompile adds one. None: counted by a perfsuite that did not count it."""
     graph_breaks: int | None = None
     """Graph breaks dynamo met since the rank started (its ``graph_break`` counter)."""
+    kernels: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Device activities per step by name (kernels, copies, memsets), as the profiler recorded them
+    on the device's timeline; empty on cpu. Names follow the card (a cuBLAS kernel per
+    architecture), so they are compared within one profile."""
     ranks: int = 1
     steady: bool = True
     """Whether every counted step made the same calls; a step that varies (data-dependent control
@@ -87,21 +94,6 @@ class WorkCount:
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "ops": dict(sorted(self.ops.items()))}
-
-
-def read(data: Any) -> WorkCount | None:
-    """A results file's ``work.count`` as a WorkCount, or None where it holds none. Tolerant: the
-    file may come from another revision of perfsuite (``ab-rev``, ``bisect``, ``compare``), so
-    fields it does not know are left out and a malformed count reads as none."""
-    from perfsuite.core.protocol import ProtocolError, decode  # it imports this module
-
-    if not isinstance(data, Mapping):
-        return None
-    known = {f.name for f in dataclasses.fields(WorkCount)} - {"version"}
-    try:
-        return decode(WorkCount, {k: v for k, v in data.items() if k in known}, "work.count")
-    except ProtocolError:
-        return None
 
 
 def op_name(key: str) -> str:
@@ -126,6 +118,7 @@ def merge(counts: list[WorkCount]) -> WorkCount:
         _total([c.op_bytes for c in counts]),
         _total([c.graphs for c in counts]),
         _total([c.graph_breaks for c in counts]),
+        summed("kernels"),
         ranks=sum(c.ranks for c in counts),
         steady=all(c.steady for c in counts),
         varied=tuple(dict.fromkeys(v for c in counts for v in c.varied)),
@@ -164,6 +157,8 @@ class WorkDiff:
     grown: tuple[Growth, ...]
     ops: tuple[tuple[str, float, float], ...]
     """Every op whose calls changed: name, baseline calls, current calls; largest change first."""
+    kernels: tuple[tuple[str, float, float], ...] = ()
+    """Every device activity whose count changed, as ``ops``."""
 
     @property
     def failed(self) -> bool:
@@ -171,17 +166,14 @@ class WorkDiff:
 
     @property
     def changed(self) -> bool:
-        return bool(self.grown or self.ops)
+        return bool(self.grown or self.ops or self.kernels)
 
     def describe(self) -> str:
         """One line: the costed growth first, then the ops that moved."""
         if not self.changed:
             return "work unchanged"
         parts = [g.describe() for g in self.grown]
-        moved = [f"{name} {now - then:+g}" for name, then, now in self.ops[:LISTED]]
-        more = f" and {len(self.ops) - LISTED} more" if len(self.ops) > LISTED else ""
-        ops = f"op calls per step: {', '.join(moved)}{more}" if moved else ""
-        return "; ".join([*parts, *([ops] if ops else [])])
+        return "; ".join([*parts, *_listed("op calls per step", self.ops), *_listed("kernels per step", self.kernels)])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -189,6 +181,7 @@ class WorkDiff:
             "message": self.describe(),
             "grown": [dataclasses.asdict(g) for g in self.grown],
             "ops": [{"op": name, "baseline": then, "current": now} for name, then, now in self.ops],
+            "kernels": [{"kernel": name, "baseline": then, "current": now} for name, then, now in self.kernels],
         }
 
 
@@ -205,8 +198,24 @@ def compare(base: WorkCount, current: WorkCount) -> WorkDiff:
         *_grew("op calls", base.calls, current.calls, MAX_GROWTH),
         *_grew("read by ops", base.op_bytes, current.op_bytes, MAX_GROWTH, in_bytes=True),
         *_grew("moved by collectives", base.collective_bytes, current.collective_bytes, MAX_GROWTH, in_bytes=True),
+        *_grew("device kernels", *_kernels(base, current), MAX_GROWTH),
     ]
-    return WorkDiff(tuple(grown), tuple(moved(base.ops, current.ops)))
+    return WorkDiff(tuple(grown), tuple(moved(base.ops, current.ops)), tuple(moved(base.kernels, current.kernels)))
+
+
+def _kernels(base: WorkCount, current: WorkCount) -> tuple[float | None, float | None]:
+    """Device activities per step on each side; None (not judged) where either side recorded none:
+    a cpu run, or a recording from before they were counted."""
+    if not base.kernels or not current.kernels:
+        return None, None
+    return sum(base.kernels.values()), sum(current.kernels.values())
+
+
+def _listed(what: str, found: tuple[tuple[str, float, float], ...]) -> list[str]:
+    """``what: name +n, ...`` for the largest changes, or nothing."""
+    shown = [f"{name} {now - then:+g}" for name, then, now in found[:LISTED]]
+    more = f" and {len(found) - LISTED} more" if len(found) > LISTED else ""
+    return [f"{what}: {', '.join(shown)}{more}"] if shown else []
 
 
 def moved(base: Mapping[str, float], current: Mapping[str, float]) -> list[tuple[str, float, float]]:

@@ -11,6 +11,8 @@
 #     GPU: a row that fails keeps its rank, cause and stderr tail in engines-results.json and
 #     engines.log. Their calibration (cv) is the bootstrap's next step in a later session.
 #  2. The panel, 150 s (panel.sh): re-records its rows with card UUIDs the first time, then gates them.
+#     The same recording counts each row's step work on CUDA (--perf-work, on by default): device
+#     kernels by name and host syncs, printed to engines-work.txt (issue 56's GPU side).
 #  3. Warm against exec launches (issues 41, 46), 150 s: mixed_precision.amp and microbench.device_copy,
 #     three exec'd and three warm launches each, interleaved, same card, into scratch baselines folders
 #     (scripts/launch_overhead.sh; the warm ones share one parent per import set, as a gate run's do).
@@ -35,6 +37,19 @@ timeout --kill-after=10 200 python3 -m pytest "${engines[@]}" -p no:cacheprovide
 echo "engines exit $?"
 grep -E "^(PASSED|FAILED|SKIPPED|ERROR)|perfsuite coverage" "$work/engines.log"
 python3 -m perfsuite explain "$work/engines-results.json" > "$work/engines-explain.txt" 2>&1
+# Step work on CUDA (issue 56): device kernels by name and host syncs, counted with the recording.
+python3 - "$work/engines-results.json" <<'PY' | tee "$work/engines-work.txt"
+import json, sys
+from perfsuite.core.protocol import read_work_count as read
+for r in json.load(open(sys.argv[1]))["results"]:
+    count = read((r.get("work") or {}).get("count"))
+    if count is None:
+        print(f"{r['id']}: {r['verdict']}; no step work counted")
+        continue
+    top = sorted(count.kernels.items(), key=lambda kv: -kv[1])[:3]
+    print(f"{r['id']}: {r['verdict']}; steady {count.steady}; op calls {count.calls:g}; kernels "
+          f"{sum(count.kernels.values()):g} ({len(count.kernels)} names; {top}); syncs {count.syncs}")
+PY
 
 stage "2 panel"
 OUT="$work/panel" PANEL_S=150 KIT="$KIT" bash "$here/panel.sh" > "$work/panel.log" 2>&1

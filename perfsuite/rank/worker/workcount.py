@@ -12,6 +12,9 @@ Counted per step from the profiler's events:
   bytes from those records' shapes and dtypes;
 * torch.compile's graphs and graph breaks since the rank started, from dynamo's counters (not
   per step: a row compiles in its warmup).
+* on a GPU, the device's activities (kernels, copies, memsets) by name, placed in the step whose
+  span they ran in (the timer synchronises at each step's end), and the runtime's host syncs
+  (``cudaStreamSynchronize`` and kin) wherever they are called from.
 
 Work inside a ``perfsuite::`` region (the planted slowdown) is perfsuite's, not the step's, and the
 profiler's own step markers are not ops. Memory is not profiled: the profiler's memory records come
@@ -34,12 +37,14 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler import profile, record_function
 
 from perfsuite.core.opprofile import REGION_PREFIX
-from perfsuite.core.workcount import STEPS, WorkCount, moved
+from perfsuite.core.workcount import STEPS, SYNC_OPS, WorkCount, moved
 
 #: Name prefixes of the ops that count: ATen's and the distributed ops'.
 OP_PREFIXES = ("aten::", "c10d::")
 #: The process-group backends' own records of a collective: ``gloo:all_reduce``.
 BACKEND_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:")
+#: The CUDA runtime's calls that block the host until the device catches up.
+RUNTIME_SYNCS = frozenset(name for name in SYNC_OPS if name.startswith("cuda"))
 #: The regions that mark each counted step: the name torch.profiler's own schedule gives steps, and
 #: not a ``perfsuite::`` one, whose work would be left out.
 STEP_MARK = "ProfilerStep"
@@ -95,7 +100,7 @@ MAX_VARIED = 8
 
 def differences(one: WorkCount, other: WorkCount) -> list[str]:
     """What two steps' counts differ in: ``aten::copy_(float) 12 vs 14``."""
-    keys = [*moved(one.ops, other.ops), *moved(one.collectives, other.collectives)]
+    keys = [*moved(one.ops, other.ops), *moved(one.collectives, other.collectives), *moved(one.kernels, other.kernels)]
     found = [f"{key} {a:g} vs {b:g}" for key, a, b in keys]
     for name in ("collective_bytes", "op_bytes"):
         a, b = getattr(one, name), getattr(other, name)
@@ -110,11 +115,14 @@ class _Tally:
 
     ops: Counter[str] = field(default_factory=Counter)
     collectives: Counter[str] = field(default_factory=Counter)
+    kernels: Counter[str] = field(default_factory=Counter)
     collective_bytes: float = 0.0
     op_bytes: float = 0.0
 
     def result(self) -> WorkCount:
-        return WorkCount(dict(self.ops), dict(self.collectives), self.collective_bytes, self.op_bytes)
+        return WorkCount(
+            dict(self.ops), dict(self.collectives), self.collective_bytes, self.op_bytes, kernels=dict(self.kernels)
+        )
 
 
 def count(events: Sequence[Any]) -> list[WorkCount]:
@@ -127,6 +135,9 @@ def count(events: Sequence[Any]) -> list[WorkCount]:
     tallies = [_Tally() for _ in marks]
     for ordered in _by_thread(events).values():
         _walk(ordered, marks, tallies)
+    for e in events:
+        if e.device_type() != DeviceType.CPU and (step := _step_of(e.start_ns(), marks)) is not None:
+            tallies[step].kernels[e.name()] += 1
     return [t.result() for t in tallies]
 
 
@@ -160,6 +171,8 @@ def _walk(ordered: Sequence[Any], marks: Sequence[tuple[int, int]], tallies: Seq
         if region or step is None:
             continue
         tally = tallies[step]
+        if name in RUNTIME_SYNCS:  # inside an op or not: each blocks the host
+            tally.ops[name] += 1
         if name.startswith(BACKEND_PREFIXES):
             tally.collectives[name.split(":", 1)[1]] += 1
             tally.collective_bytes += tensor_bytes(e.structured_input_shapes(), e.dtypes())
