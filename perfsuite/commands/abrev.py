@@ -43,7 +43,7 @@ from perfsuite.judge import sequential
 from perfsuite.judge.abtest import ABResult, Trial, markdown_lines, summary_lines, work_lines
 from perfsuite.judge.contention import Contention, Quiet, contended, wait_for_quiet
 from perfsuite.judge.results import OneLaunch
-from perfsuite.launch import procs
+from perfsuite.launch import procs, warm
 from perfsuite.store.vcs import git
 
 BASE, CANDIDATE = "base", "candidate"
@@ -407,8 +407,7 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
     except ValueError as exc:
         print(f"perfsuite ab-rev: {exc}", file=sys.stderr)
         return BAD_INPUT
-    # No warm parent outlives one side's pytest run: launches forked from one parent can all read
-    # ~20% slow (docs/lab/contention.md), and a parent kept across pairs would bias every pair alike.
+    warm.share_with_children()  # each side's launches fork from that side's parent, every pair
     with tempfile.TemporaryDirectory(prefix="perfsuite-ab-rev.") as scratch:
         base = Path(scratch) / "base"
         try:

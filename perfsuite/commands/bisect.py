@@ -27,7 +27,7 @@ from perfsuite.commands.abrev import BAD_INPUT, NOT_JUDGED, Settings, ab_trees, 
 from perfsuite.commands.cliargs import INTERRUPTED
 from perfsuite.core.files import atomic_write_json
 from perfsuite.judge.abtest import ABResult
-from perfsuite.launch import procs
+from perfsuite.launch import procs, warm
 from perfsuite.store import vcs
 
 #: What to try when a step was not judged, by its verdict.
@@ -352,8 +352,7 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
         f"{most_steps(len(commits))} A/B step(s) of at most {settings.max_pairs} pairs",
         flush=True,
     )
-    # No warm parent outlives one side's pytest run: launches forked from one parent can all read
-    # ~20% slow (docs/lab/contention.md), and a parent kept across pairs would bias every pair alike.
+    warm.share_with_children()  # each side's launches fork from that side's parent, every pair
     trees = Worktrees(repo, Path(tempfile.mkdtemp(prefix="perfsuite-bisect.")))
     selection = (f"-k {ns.keyword!r} in " if ns.keyword else "") + " ".join(settings.paths)
     bisection = Bisection(good, bad, commits, settings, trees, ns.json, selection)
