@@ -352,7 +352,9 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
         f"{most_steps(len(commits))} A/B step(s) of at most {settings.max_pairs} pairs",
         flush=True,
     )
-    warm.share_with_children()  # each side's launches fork from that side's parent, every pair
+    # Launches fork from warm parents kept for the whole run: one per perfsuite the sides run (a team's
+    # repository: one for both sides, its path set per launch), not one per side.
+    warm.share_with_children()
     trees = Worktrees(repo, Path(tempfile.mkdtemp(prefix="perfsuite-bisect.")))
     selection = (f"-k {ns.keyword!r} in " if ns.keyword else "") + " ".join(settings.paths)
     bisection = Bisection(good, bad, commits, settings, trees, ns.json, selection)
