@@ -106,9 +106,15 @@ class TrainRunner(Runner):
 
     @property
     def counts_flops(self) -> bool:
-        """Whether the first step counts the model's FLOPs: only a model without a FLOP formula, and
-        only in a warmup step (a counted step runs slower; with no warmup there is none to count in)."""
-        return not FAMILIES[self.spec.model.family].formula and self.spec.max_warmup_steps > 0
+        """Whether the first step counts the model's FLOPs: only a model without a FLOP formula, only
+        in a warmup step (a counted step runs slower; with no warmup there is none to count in), and
+        only an eager one: torch.compile's first call under the counting mode compiled nothing, and
+        the row then trained eagerly for good (docs/lab/work-counts.md)."""
+        return (
+            not FAMILIES[self.spec.model.family].formula
+            and self.spec.max_warmup_steps > 0
+            and self.spec.graph == "eager"
+        )
 
     def report(self, ctx: WorkerContext, result: LoopResult, step: TrainStep, detail: Mapping[str, Any]) -> RankReport:
         return result.report(
