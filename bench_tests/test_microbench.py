@@ -63,6 +63,9 @@ def best(dtype: str) -> Microbench:
         only_on=_only(dtype),
         variants={"cpu": {"search": CPU_SEARCH, "iterations": 10, **CPU_MEASURE}},
         reference="maximum achievable matmul TFLOPS (ml-engineering MAMF finder); H100 SXM bf16 ~794",
+        # Its shape is the one the search found fastest on this machine: the bytes its matmuls read
+        # change with it, run to run (CI: +22% and +57% against the recording), by design.
+        judge_work=False,
     )
 
 
