@@ -37,8 +37,7 @@ else:  # pragma: no cover - the tomli dependency on 3.10
     import tomli as tomllib
 from perfsuite.core import workcount
 from perfsuite.core.profiles import CPU
-from perfsuite.core.protocol import read_work_count
-from perfsuite.core.workcount import WorkCount
+from perfsuite.core.protocol import work_count_of
 from perfsuite.judge import sequential
 from perfsuite.judge.abtest import ABResult, Trial, markdown_lines, summary_lines, work_lines
 from perfsuite.judge.contention import Contention, Quiet, contended, wait_for_quiet
@@ -108,7 +107,7 @@ class SideRun:
     """Each scenario's pytest node id, as its results file names it (a revision from before it: none)."""
     limits: Limits = field(default_factory=Limits)
     """The contention limits of the profile it measured on."""
-    work: Mapping[str, WorkCount | None] = field(default_factory=dict)
+    work: Mapping[str, workcount.WorkCount | None] = field(default_factory=dict)
     """Each scenario's counted step work (none where that side's perfsuite counted none)."""
 
 
@@ -156,7 +155,7 @@ def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: 
     nodeids = {k: v for k, v in found.items() if isinstance(v, str)} if isinstance(found, dict) else {}
     limits = Limits.of(document)
     launches = {r["id"]: launch_of(r, limits) for r in results}
-    work = {r["id"]: read_work_count((r.get("work") or {}).get("count")) for r in results}
+    work = {r["id"]: work_count_of(r) for r in results}
     return SideRun(launches, effects, time.monotonic() - started, nodeids, limits, work)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from perfsuite.core import metrics as registry
 from perfsuite.core import workcount
-from perfsuite.core.protocol import read_work_count
+from perfsuite.core.protocol import work_count_of
 from perfsuite.core.text import table
 from perfsuite.judge.compare import welch_interval
 from perfsuite.judge.stats import Summary
@@ -171,10 +171,10 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
 def work_changes(old: Mapping[str, Any], new: Mapping[str, Any], keyword: str | None = None) -> list[str]:
     """Each scenario whose counted step work differs between the files, exactly, one line each:
     what the step does, said before how fast it ran (which the machine moves too)."""
-    before = {r["id"]: read_work_count((r.get("work") or {}).get("count")) for r in old["results"]}
+    before = {r["id"]: work_count_of(r) for r in old["results"]}
     found = []
     for r in new["results"]:
-        then, now = before.get(r["id"]), read_work_count((r.get("work") or {}).get("count"))
+        then, now = before.get(r["id"]), work_count_of(r)
         if (keyword and keyword not in r["id"]) or then is None or now is None:
             continue
         diff = workcount.compare(then, now)

@@ -145,6 +145,11 @@ def read_work_count(data: Any) -> WorkCount | None:
         return None
 
 
+def work_count_of(result: Mapping[str, Any]) -> WorkCount | None:
+    """A results file row's counted step work (its ``work.count``), read as :func:`read_work_count` does."""
+    return read_work_count((result.get("work") or {}).get("count"))
+
+
 def decode_value(hint: Any, value: Any, where: str) -> Any:
     """One JSON value as type ``hint`` (see :func:`decode`)."""
     origin, args = get_origin(hint), get_args(hint)

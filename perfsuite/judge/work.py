@@ -4,7 +4,8 @@ does to the scenario's verdict.
 :func:`decide` is pure: it returns a :class:`WorkVerdict` and touches nothing. :func:`applied`
 turns a timing-and-memory judgement into the scenario's final one:
 
-* a costed growth (a new host sync or collective call, more op calls or collective bytes) fails the
+* a costed growth (:func:`perfsuite.core.workcount.compare`: a new host sync, collective call,
+  compiled graph or graph break; more op calls, bytes read by ops, collective bytes or device kernels) fails the
   scenario as ``work_changed`` on any machine, whatever the timing said; a scenario that already
   failed gets the change as the line before its message, since it is likely the cause;
 * a different op mix with nothing costed growing passes, the difference noted;

@@ -149,7 +149,8 @@ def add_options(parser: pytest.Parser) -> None:
         "--perf-work",
         choices=WORK_MODES,
         default="on",
-        help="count what each scenario's step does (op calls, host syncs, collectives and their bytes) in two untimed "
+        help="count what each scenario's step does (op calls and the bytes they read, host syncs, collectives and "
+        "their bytes, compiled graphs and graph breaks, device kernels) in two untimed "
         "steps after the measured ones, record it with --perf-update-baselines and judge it exactly against the "
         "recorded counts, on any processor; off neither counts nor judges (default on)",
     )

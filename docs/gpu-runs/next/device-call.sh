@@ -40,9 +40,9 @@ python3 -m perfsuite explain "$work/engines-results.json" > "$work/engines-expla
 # Step work on CUDA (issue 56): device kernels by name and host syncs, counted with the recording.
 python3 - "$work/engines-results.json" <<'PY' | tee "$work/engines-work.txt"
 import json, sys
-from perfsuite.core.protocol import read_work_count as read
+from perfsuite.core.protocol import work_count_of
 for r in json.load(open(sys.argv[1]))["results"]:
-    count = read((r.get("work") or {}).get("count"))
+    count = work_count_of(r)
     if count is None:
         print(f"{r['id']}: {r['verdict']}; no step work counted")
         continue
