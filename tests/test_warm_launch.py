@@ -153,6 +153,56 @@ def test_a_warm_rank_trains_the_same_steps_in_the_same_process_as_an_exec_one(pr
     assert warmed.warm["preloaded"] == ["perfsuite.rank.strategies.ddp", "perfsuite.rank.worker.train", "torch._dynamo"]
 
 
+def test_two_trees_that_shadow_nothing_fork_from_one_parent_each_rank_on_its_own_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ab-rev's sides: a team's repository at two revisions. Their launches fork from one parent, so
+    no state of a parent can favour a side, and each rank imports its own tree's modules, on the
+    path an exec'd rank of that tree has."""
+    facts: dict[str, list[dict[str, Any]]] = {}
+    parents = set()
+    for side, start in (("base", "warm"), ("candidate", "warm"), ("candidate", "exec")):
+        tree = tmp_path / side
+        tree.mkdir(exist_ok=True)
+        (tree / "probe_model.py").write_text(PROBE)
+        monkeypatch.chdir(tree)
+        monkeypatch.syspath_prepend(str(tree))
+        scenario = Scenario("warm", "probe", ModelSpec.module("probe_model:build"), **SHAPE)
+        out = tmp_path / f"facts-{side}-{start}"
+        out.mkdir()
+        outcome = launch(scenario, start, out / "work", BUDGET_MIB, PROBE_OUT=str(out), PYTHONPATH=str(tree))
+        assert outcome.status == "ok", outcome.failure and outcome.failure.describe()
+        facts[f"{side}-{start}"] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+        parents.add(outcome.warm.get("parent_pid") if outcome.warm else None)
+    assert len(parents - {None}) == 1  # both trees' warm launches
+    for rank in range(2):
+        warmed, execd = facts["candidate-warm"][rank], facts["candidate-exec"][rank]
+        assert warmed["cwd"] == execd["cwd"] == str(tmp_path / "candidate")
+        assert warmed["path"] == execd["path"] and str(tmp_path / "base") not in warmed["path"]
+
+
+def test_a_tree_holding_an_installed_package_gets_a_parent_of_its_own(tmp_path: Path) -> None:
+    """A tree with its own copy of a package the parent imports (perfsuite's own repository at two
+    revisions) shadows it: a parent that imported another copy cannot serve it."""
+    for name in ("team", "repo"):
+        (tmp_path / name / "perf_models").mkdir(parents=True)
+        (tmp_path / name / "perf_models" / "__init__.py").write_text("")
+    (tmp_path / "repo" / "perfsuite").mkdir()
+    (tmp_path / "repo" / "torch.py").write_text("")
+    preload = ["perfsuite.rank.worker.train"]
+    assert warm.shadowed(preload, None, str(tmp_path / "team")) == ()
+    assert warm.shadowed(preload, str(tmp_path / "repo"), str(tmp_path / "team")) == (
+        ("perfsuite", str(tmp_path / "repo" / "perfsuite")),
+        ("torch", str(tmp_path / "repo" / "torch.py")),
+    )
+    env = {"OMP_NUM_THREADS": "1"}
+    team = warm.ParentKey.of("py", preload, {**env, "PYTHONPATH": str(tmp_path / "team")}, str(tmp_path / "team"))
+    again = warm.ParentKey.of("py", preload, {**env, "PYTHONPATH": "elsewhere"}, str(tmp_path))
+    assert team == again and team.digest() == again.digest()
+    repo = warm.ParentKey.of("py", preload, {**env, "PYTHONPATH": str(tmp_path / "repo")}, str(tmp_path / "repo"))
+    assert repo != team and repo.digest() != team.digest()
+
+
 def test_a_warm_bert_trains_the_same_steps_with_transformers_preloaded(tmp_path: Path) -> None:
     bert = Scenario("warm", "bert", ModelSpec("bert", 1, 32, 2, 512, 32), **SHAPE)
     execd, warmed = launch(bert, "exec", tmp_path / "exec"), launch(bert, "warm", tmp_path / "warm")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 import types
 from collections.abc import Mapping
 from pathlib import Path
@@ -84,6 +85,14 @@ WARM_RLIMITS = ("RLIMIT_DATA", "RLIMIT_AS", "RLIMIT_NOFILE", "RLIMIT_STACK", "RL
 #: Environment variable through which a torchrun agent hands its own marks (JSON: mark -> time)
 #: to the ranks it starts, which put them in their reports.
 AGENT_MARKS_VAR = "PERFSUITE_AGENT_MARKS"
+
+
+def pythonpath_entries(pythonpath: str | None, cwd: str) -> list[str]:
+    """PYTHONPATH's entries as an interpreter started in ``cwd`` puts them on its import path:
+    made absolute, each once. (``python -m`` puts ``cwd`` itself ahead of them, even when
+    PYTHONPATH names it too.)"""
+    entries = pythonpath.split(os.pathsep) if pythonpath else []
+    return list(dict.fromkeys(os.path.normpath(os.path.join(cwd, entry)) for entry in entries))
 
 
 class ProtocolError(ValueError):

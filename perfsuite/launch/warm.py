@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.core import procstat
-from perfsuite.core.protocol import WARM_RLIMITS
+from perfsuite.core.protocol import WARM_RLIMITS, pythonpath_entries
 from perfsuite.launch.procs import TOKEN_VAR
 
 PARENT_MODULE = "perfsuite.rank.worker.warmparent"
@@ -79,23 +80,59 @@ class ParentDied(WarmUnavailable):
 
 @dataclass(frozen=True)
 class ParentKey:
-    """What a warm parent's imports depend on: the interpreter, the import set, and the
-    import-time environment (:data:`IMPORT_ENV_PREFIXES`)."""
+    """What a warm parent's imports depend on: the interpreter, the import set, the import-time
+    environment (:data:`IMPORT_ENV_PREFIXES`) and which installed packages the launch's own path
+    shadows (:func:`shadowed`). The path itself is not part of it: two trees that shadow nothing
+    (a team's repository at two revisions, ``ab-rev``'s sides) fork from one parent, each agent
+    taking its own path (:func:`perfsuite.rank.worker.warmparent.become_agent`), so no state of a
+    parent can favour one side."""
 
     python: str
     preload: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     perfsuite: str = ""
     """The perfsuite this process runs (ab-rev's two sides run two)."""
+    shadows: tuple[tuple[str, str], ...] = ()
+    pythonpath: str | None = dataclasses.field(default=None, compare=False)
+    """The PYTHONPATH a parent starts with: the first requester's (its imports resolve alike for
+    every request of the key)."""
 
     @classmethod
-    def of(cls, python: str, preload: Sequence[str], env: Mapping[str, str]) -> ParentKey:
-        relevant = sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES))
-        return cls(python, tuple(sorted(set(preload))), tuple(relevant), _this_perfsuite())
+    def of(cls, python: str, preload: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -> ParentKey:
+        relevant = sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES) and k != "PYTHONPATH")
+        imports = tuple(sorted(set(preload)))
+        folder = os.getcwd() if cwd is None else cwd
+        found = shadowed(imports, env.get("PYTHONPATH"), folder)
+        return cls(python, imports, tuple(relevant), _this_perfsuite(), found, env.get("PYTHONPATH"))
 
     def digest(self) -> str:
         """A short name of this key, for a shared parent's folder."""
-        return hashlib.sha256(json.dumps(dataclasses.asdict(self)).encode()).hexdigest()[:16]
+        named = {k: v for k, v in dataclasses.asdict(self).items() if k != "pythonpath"}
+        return hashlib.sha256(json.dumps(named).encode()).hexdigest()[:16]
+
+
+def shadowed(preload: Sequence[str], pythonpath: str | None, cwd: str) -> tuple[tuple[str, str], ...]:
+    """The installed packages (and the import set's own) that the folders a launch puts ahead of
+    the interpreter's path hold a copy of, each with the folder's entry: (name, path). A fresh
+    interpreter would import those from there, so a parent that imported them elsewhere cannot
+    serve it; a tree holding only its own modules (``perf_models``) shadows nothing."""
+    names = _installed_names() | {module.split(".")[0] for module in preload}
+    found: dict[str, str] = {}
+    for entry in [cwd, *pythonpath_entries(pythonpath, cwd)]:
+        with contextlib.suppress(OSError):
+            for item in sorted(os.scandir(entry), key=lambda e: e.name):
+                name = item.name.split(".")[0] if item.is_file() and item.name.endswith((".py", ".so")) else item.name
+                if name in names and name not in found and (item.is_dir() or name != item.name):
+                    found[name] = item.path
+    return tuple(sorted(found.items()))
+
+
+@functools.cache
+def _installed_names() -> frozenset[str]:
+    """The top-level import names of every installed distribution (read once a process)."""
+    import importlib.metadata
+
+    return frozenset(importlib.metadata.packages_distributions())
 
 
 @dataclass(frozen=True)
@@ -211,7 +248,8 @@ class WarmParent:
         cmd = [key.python, "-m", PARENT_MODULE, str(folder / "parent.sock"), "--owner", owner, "--hooks", str(hooks)]
         cmd += [arg for module in key.preload for arg in ("--preload", module)]
         env = {**os.environ, **dict(key.env), TOKEN_VAR: f"warm-{uuid.uuid4().hex}"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hooks), env.get("PYTHONPATH")]))
+        pythonpath = key.pythonpath if key.pythonpath is not None else env.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hooks), pythonpath]))
         with open(folder / "parent.log", "wb") as log:
             proc = subprocess.Popen(
                 cmd, env=env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True

@@ -45,6 +45,7 @@ from typing import Any
 import setproctitle
 
 from perfsuite.core import procstat
+from perfsuite.core.protocol import pythonpath_entries
 from perfsuite.rank.worker import fresh
 
 #: The parent's process name.
@@ -210,8 +211,10 @@ def become_agent(request: Mapping[str, Any], inherited: list[int], base_path: li
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    # `python -m` puts the working directory first on the path; the rest is the interpreter's.
-    sys.path[:] = [request["cwd"], *base_path]
+    # As `python -m` in that folder with that PYTHONPATH: the folder, PYTHONPATH's entries, then the
+    # interpreter's own (a parent serves launches of other trees whose path shadows nothing it imported).
+    own = pythonpath_entries(request["env"].get("PYTHONPATH"), request["cwd"])
+    sys.path[:] = [request["cwd"], *dict.fromkeys([*own, *base_path])]
     importlib.invalidate_caches()
     os.sched_setaffinity(0, request["affinity"])
     for name, (soft, hard) in request["rlimits"].items():  # perfsuite.core.protocol.WARM_RLIMITS
@@ -248,9 +251,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     setproctitle.getproctitle()  # finds argv's memory now: after the environment changes it cannot
     set_comm(PARENT_NAME)  # which that set to the command line's start
-    # The import path a forked agent starts from: this one's before any import adds to it, less the
-    # folder whose empty site hooks stood in for the real ones (each agent runs those, fresh.py).
-    base_path = [entry for entry in sys.path[1:] if entry != args.hooks]
+    # The interpreter's own import path, before any import adds to it: less the working directory
+    # and PYTHONPATH's entries (each agent puts its launch's own first), among them the folder whose
+    # empty site hooks stood in for the real ones (each agent runs those, fresh.py).
+    leading = set(pythonpath_entries(os.environ.get("PYTHONPATH"), os.getcwd()))
+    base_path = [entry for entry in sys.path[1:] if entry not in leading]
     for hook in ("sitecustomize", "usercustomize"):
         sys.modules.pop(hook, None)
     signal.signal(signal.SIGTERM, stop)
