@@ -71,6 +71,19 @@ def test_a_compile_during_a_measured_step_fails_the_run() -> None:
         watch.detail(warmup_times_s=[4.0, 1.0], step_times_s=[1.0, 2.0])
 
 
+def test_a_compile_row_that_compiled_nothing_fails_the_run() -> None:
+    """torch.compile that ran every frame eagerly would measure eager training as the compiled row."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    watch = CompileWatch("compile")
+    _steps(watch, torch.tanh, [torch.ones(2)] * 3)  # never compiled
+    with pytest.raises(RuntimeError, match=r"compiled no graph in 2 warmup step\(s\).*measure eager training"):
+        watch.detail(warmup_times_s=[1.0, 1.0], step_times_s=[1.0])
+    fn = torch.compile(lambda x: torch.tanh(x) * 2, backend="eager")
+    fn(torch.ones(2))  # compiled before the watched steps (a dry run): the rank compiled, all is well
+    assert watch.detail(warmup_times_s=[1.0, 1.0], step_times_s=[1.0])["compile_steps"] == []
+
+
 def test_eager_reports_nothing_and_ort_counts_its_export_step() -> None:
     eager, ort = CompileWatch("eager"), CompileWatch("ort")
     for watch in (eager, ort):

@@ -131,9 +131,18 @@ class CompileWatch:
 
     def detail(self, warmup_times_s: Sequence[float], step_times_s: Sequence[float]) -> dict[str, Any]:
         """The compile time for the results file: each compiling step's time
-        beyond a steady (median measured) step. Raises if a measured step compiled."""
+        beyond a steady (median measured) step. Raises if a measured step compiled, or if a
+        compile row's rank compiled nothing at all."""
         if self.mode == "eager":
             return {}
+        if self.mode == "compile" and not _compiled_frames():
+            # Measured, such a row would be eager training under a compiled row's name (dynamo gave
+            # up on every frame it saw, or torch.compile's first call ran where nothing compiles).
+            raise RuntimeError(
+                f"graph='compile' compiled no graph in {len(warmup_times_s)} warmup step(s): torch.compile "
+                "ran every frame eagerly, so the row would measure eager training; run one step with "
+                "TORCH_LOGS=graph_breaks to see why"
+            )
         warmup = len(warmup_times_s)
         late = [i for i in self.compiled_in if i >= warmup]
         if late:
