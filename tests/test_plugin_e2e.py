@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import textwrap
 import time
@@ -59,9 +60,21 @@ def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester)
     # rerun ran 2.2x faster than a cold recording run (-78% measured).
     doc["scenarios"]["tiny.fp32"]["metrics"]["samples_per_s"]["mean"] *= 100
     path.write_text(json.dumps(doc))
-    doctored = run(project)
+    doctored = run(project, f"--perf-json={project.path / 'd.json'}")
     doctored.assert_outcomes(failed=1)
     doctored.stdout.fnmatch_lines(["*tiny.fp32: regression: samples_per_s*vs baseline*higher is better*"])
+    # The failure says how to run that row again, with the flags that decide its judgement, and how
+    # to settle it; the command it prints, run as printed, reproduces the verdict.
+    (failed,) = json.loads((project.path / "d.json").read_text())["results"]
+    rerun = failed["repro"]["rerun"]
+    assert rerun == "pytest 'test_bench.py::test_bench[tiny.fp32]' --perf-profile=cpu", rerun
+    assert failed["repro"]["ab_rev"].startswith("python -m perfsuite ab-rev HEAD~1 'test_bench.py::test_bench[tiny")
+    assert failed["repro"]["bisect"] is None  # the baseline was recorded outside any git checkout
+    said = doctored.stdout.lines
+    assert f"run it again: {rerun}" in said and f"settle it on this machine: {failed['repro']['ab_rev']}" in said
+    again = run(project, *shlex.split(rerun)[1:])
+    again.assert_outcomes(failed=1)
+    again.stdout.fnmatch_lines(["*tiny.fp32: regression: samples_per_s*vs baseline*higher is better*"])
 
     # The same 100x baseline recorded on another processor: its timing is not comparable here, and
     # the run stays green; memory is judged, and the message names both processors.

@@ -20,6 +20,7 @@ from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.judge.ceilings import Ceilings
 from perfsuite.judge.compare import Judgement
 from perfsuite.judge.explain import Explanation
+from perfsuite.judge.repro import Repro
 from perfsuite.judge.stats import ScenarioMetrics, Summary
 from perfsuite.judge.work import WorkVerdict
 from perfsuite.launch import LaunchOutcome
@@ -78,6 +79,8 @@ class ScenarioResult:
     #: What one step did, counted over the ranks (``--perf-work``), and the work gate's finding.
     work_count: WorkCount | None = None
     work: WorkVerdict | None = None
+    #: How to run it again and settle it, when it failed (:mod:`perfsuite.judge.repro`).
+    repro: Repro | None = None
 
     @property
     def verdict(self) -> str:
@@ -104,6 +107,7 @@ class ScenarioResult:
             "failure": failure.__dict__ if failure else None,
             "wall_s": self.launch.wall_s if self.launch else 0.0,
             "op_profile": self.explanation.to_json() if self.explanation else None,
+            "repro": self.repro.to_json() if self.repro else None,
             "work": {
                 "count": self.work_count.to_json() if self.work_count else None,
                 **(self.work.to_json() if self.work else {"status": "not_counted", "message": "", "diff": None}),

@@ -185,7 +185,8 @@ class Perf:
         its verdict against the baseline (a :class:`ScenarioResult`), or under ``--perf-find-max-batch``
         and ``--perf-ab`` that mode's result."""
         self._ran(scenario)
-        return modes.of(self.request.config).check(self.session, scenario, self.request.node.nodeid)
+        config = self.request.config
+        return modes.of(config).check(self.session, scenario, invoked_as(config, self.request.node.nodeid))
 
     def _ran(self, scenario: BaseScenario) -> None:
         config = self.request.config

@@ -67,7 +67,8 @@ class Mode(ABC):
     # -- one scenario, one relation ----------------------------------------------
     @abstractmethod
     def check(self, session: PerfSession, scenario: BaseScenario, nodeid: str) -> Any:
-        """Run ``scenario`` in this mode and pass, fail or skip the calling test (``nodeid``)."""
+        """Run ``scenario`` in this mode and pass, fail or skip the calling test (``nodeid``, as a
+        command line in the run's invocation folder selects it)."""
 
     def check_relation(self, session: PerfSession, relation: Relation) -> RelationOutcome:
         """Check ``relation`` and pass, fail or skip the calling test."""

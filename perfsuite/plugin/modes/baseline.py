@@ -10,6 +10,7 @@ import pytest
 
 from perfsuite.core.relations import Relation, RelationOutcome
 from perfsuite.core.workloads.base import BaseScenario
+from perfsuite.judge import repro
 from perfsuite.judge.compare import FAILING
 from perfsuite.judge.coverage import Outcome
 from perfsuite.launch.devicelock import DeviceBusy
@@ -47,7 +48,10 @@ class BaselineMode(Mode):
         if held is not None and verdict not in ("pass", "recorded", "expected_oom"):
             pytest.skip(f"{scenario.id}: QUARANTINED, not gating ({held.describe()}); {verdict}: {message}")
         if verdict in FAILING:
-            pytest.fail(f"{scenario.id}: {verdict}: {message}", pytrace=False)
+            flags = repro.settings_flags(self.config.invocation_params.args, session.profile.name)
+            result.repro = repro.repro(nodeid, flags, result.baseline.extra if result.baseline else None)
+            lines = "\n".join(result.repro.lines())
+            pytest.fail(f"{scenario.id}: {verdict}: {message}\n{lines}", pytrace=False)
         if verdict == "skipped":
             pytest.skip(f"{scenario.id}: {message}")
         if verdict == "unreliable":

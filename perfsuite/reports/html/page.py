@@ -14,6 +14,7 @@ import jinja2
 from perfsuite.core import processor as processors
 from perfsuite.core.files import atomic_write_text
 from perfsuite.core.opprofile import TABLE_COLUMNS
+from perfsuite.judge.repro import Repro
 from perfsuite.launch.identity import describe_card
 from perfsuite.reports.html import efficiency, plots, summary
 from perfsuite.reports.html import results as res
@@ -84,6 +85,7 @@ def _scenario(result: res.Result) -> dict[str, Any]:
         "verdict": result["verdict"],
         "style": res.style(result["verdict"]),
         "message": result.get("message") or "",
+        "repro": repro_lines(result.get("repro")),
         "facts": facts,
         "reference": res.reference(result),
         "chart": plots.scenario(result),
@@ -112,3 +114,13 @@ def _trends(document: Mapping[str, Any], directory: Path) -> list[dict[str, Any]
         ]
         charts.append({"title": title, "chart": plots.trend(points, changes, title, res.unit(name)), "changes": notes})
     return charts
+
+
+def repro_lines(found: Any) -> list[str]:
+    """A failed result's commands (its ``repro``), each a line; none for an older file or a pass."""
+    if not isinstance(found, Mapping):
+        return []
+    try:
+        return Repro(**found).lines()
+    except TypeError:  # another perfsuite's fields
+        return []

@@ -91,6 +91,7 @@ RESULT_SHAPES: Mapping[str, Shape] = {
     "failure": (dict, None),
     "stack_changes": (list, None),
     "work": (dict, None),
+    "repro": (dict, None),
 }
 METRIC_SHAPES: Mapping[str, Shape] = {
     "per_rank": (list, dict),
