@@ -445,3 +445,16 @@ def test_the_page_has_the_cost_and_hardware_sections() -> None:
         '<span class="badge bad">not judged</span> judged 1 of 2 selected scenario(s); not judged: 1 no baseline'
         in covered
     )
+
+
+def test_a_failed_row_shows_the_commands_that_settle_it() -> None:
+    pytest.importorskip("matplotlib", reason="the report extra: pip install 'perfsuite[report]'")
+    from perfsuite.reports.html.page import render
+
+    doc = document()
+    rerun = "pytest 'bench_tests/test_mp.py::test_mp[mp.fp32]' --perf-profile=cpu"
+    doc["results"][0]["repro"] = {"rerun": rerun, "ab_rev": "python -m perfsuite ab-rev HEAD~1 x", "bisect": None}
+    text = render(doc, "results.json")
+    assert "run it again: pytest &#39;bench_tests/test_mp.py::test_mp[mp.fp32]&#39; --perf-profile=cpu" in text
+    assert "settle it on this machine: python -m perfsuite ab-rev HEAD~1 x" in text
+    assert "find the commit" not in text and "run it again" not in render(document(), "results.json")

@@ -406,8 +406,8 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
     except ValueError as exc:
         print(f"perfsuite ab-rev: {exc}", file=sys.stderr)
         return BAD_INPUT
-    # Launches fork from warm parents kept for the whole run: one per perfsuite the sides run (a team's
-    # repository: one for both sides, its path set per launch), not one per side.
+    # Launches fork from warm parents kept for the whole run, keyed by what each side's tree shadows
+    # (warm.ParentKey): a team's repository, one for both sides; perfsuite's own, one per side.
     warm.share_with_children()
     with tempfile.TemporaryDirectory(prefix="perfsuite-ab-rev.") as scratch:
         base = Path(scratch) / "base"

@@ -352,8 +352,8 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
         f"{most_steps(len(commits))} A/B step(s) of at most {settings.max_pairs} pairs",
         flush=True,
     )
-    # Launches fork from warm parents kept for the whole run: one per perfsuite the sides run (a team's
-    # repository: one for both sides, its path set per launch), not one per side.
+    # Launches fork from warm parents kept for the whole run, keyed by what each side's tree shadows
+    # (warm.ParentKey): a team's repository, one for both sides; perfsuite's own, one per side.
     warm.share_with_children()
     trees = Worktrees(repo, Path(tempfile.mkdtemp(prefix="perfsuite-bisect.")))
     selection = (f"-k {ns.keyword!r} in " if ns.keyword else "") + " ".join(settings.paths)

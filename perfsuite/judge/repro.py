@@ -3,32 +3,18 @@ one row here, an A/B of this checkout against its parent commit on this machine,
 the commit its baseline was recorded at.
 
 :func:`repro` is pure; :func:`settings_flags` picks, from a run's own command line, the flags that
-decide what a row measures or how it is judged, so the rerun judges as the failed run did.
+decide what a row measures or how it is judged (the plugin's ``options.JUDGING_FLAGS``), so the
+rerun judges as the failed run did.
 Pytest side, torch-free.
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: Flags that decide what a row measures or how it is judged: a rerun needs the run's own values.
-SETTINGS_FLAGS = (
-    "--perf-profile",
-    "--perf-baselines",
-    "--perf-rank-start",
-    "--perf-work",
-    "--perf-env",
-    "--perf-launcher",
-    "--perf-nnodes",
-    "--perf-nproc-per-node",
-    "--perf-inject-slowdown",
-    "--perf-repeats",
-    "--perf-confirm",
-    "--perf-timeout",
-)
 #: Of those, what an A/B sets itself or what would defeat it: its own empty baselines folder, a
 #: slowdown planted in both sides alike, and the stored-baseline gate's repeats.
 NOT_FOR_AB = frozenset({"--perf-baselines", "--perf-inject-slowdown", "--perf-repeats", "--perf-confirm"})
@@ -55,15 +41,15 @@ class Repro:
         return {"rerun": self.rerun, "ab_rev": self.ab_rev, "bisect": self.bisect}
 
 
-def settings_flags(args: Sequence[str], profile: str) -> tuple[str, ...]:
-    """The :data:`SETTINGS_FLAGS` on a command line, each as one ``--flag=value`` word in their
-    order, and the profile it ran on when the line did not name it (a profile the machine picked
-    is pinned, so the rerun judges as this run did)."""
+def settings_flags(args: Sequence[str], profile: str, names: Collection[str]) -> tuple[str, ...]:
+    """The flags ``names`` on a command line, each as one ``--flag=value`` word in their order, and
+    the profile it ran on when the line did not name it (a profile the machine picked is pinned,
+    so the rerun judges as this run did)."""
     found: list[str] = []
     words = list(args)
     for at, word in enumerate(words):
         name, eq, value = word.partition("=")
-        if name not in SETTINGS_FLAGS:
+        if name not in names:
             continue
         if not eq:
             if at + 1 >= len(words):

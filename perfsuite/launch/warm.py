@@ -107,7 +107,7 @@ class ParentKey:
 
     def digest(self) -> str:
         """A short name of this key, for a shared parent's folder."""
-        named = {k: v for k, v in dataclasses.asdict(self).items() if k != "pythonpath"}
+        named = {f.name: dataclasses.asdict(self)[f.name] for f in dataclasses.fields(self) if f.compare}
         return hashlib.sha256(json.dumps(named).encode()).hexdigest()[:16]
 
 
@@ -121,9 +121,14 @@ def shadowed(preload: Sequence[str], pythonpath: str | None, cwd: str) -> tuple[
     for entry in [cwd, *pythonpath_entries(pythonpath, cwd)]:
         with contextlib.suppress(OSError):
             for item in sorted(os.scandir(entry), key=lambda e: e.name):
-                name = item.name.split(".")[0] if item.is_file() and item.name.endswith((".py", ".so")) else item.name
-                if name in names and name not in found and (item.is_dir() or name != item.name):
-                    found[name] = item.path
+                if item.is_dir():
+                    name = item.name
+                elif item.name.endswith((".py", ".so")):  # a module, or an extension (name.cpython-311-...so)
+                    name = item.name.split(".")[0]
+                else:
+                    continue
+                if name in names:
+                    found.setdefault(name, item.path)
     return tuple(sorted(found.items()))
 
 

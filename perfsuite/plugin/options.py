@@ -23,6 +23,22 @@ from perfsuite.reports.cost import Job
 
 #: ``--perf-rank-start`` takes these.
 RANK_STARTS: tuple[RankStart, ...] = get_args(RankStart)
+#: The flags below that decide what a row measures or how it is judged: a failed row's rerun
+#: command keeps the run's own values of them (:mod:`perfsuite.judge.repro`).
+JUDGING_FLAGS = (
+    "--perf-profile",
+    "--perf-baselines",
+    "--perf-rank-start",
+    "--perf-work",
+    "--perf-env",
+    "--perf-launcher",
+    "--perf-nnodes",
+    "--perf-nproc-per-node",
+    "--perf-inject-slowdown",
+    "--perf-repeats",
+    "--perf-confirm",
+    "--perf-timeout",
+)
 
 
 def add_options(parser: pytest.Parser) -> None:

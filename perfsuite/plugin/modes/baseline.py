@@ -48,7 +48,9 @@ class BaselineMode(Mode):
         if held is not None and verdict not in ("pass", "recorded", "expected_oom"):
             pytest.skip(f"{scenario.id}: QUARANTINED, not gating ({held.describe()}); {verdict}: {message}")
         if verdict in FAILING:
-            flags = repro.settings_flags(self.config.invocation_params.args, session.profile.name)
+            flags = repro.settings_flags(
+                self.config.invocation_params.args, session.profile.name, options.JUDGING_FLAGS
+            )
             result.repro = repro.repro(nodeid, flags, result.baseline.extra if result.baseline else None)
             lines = "\n".join(result.repro.lines())
             pytest.fail(f"{scenario.id}: {verdict}: {message}\n{lines}", pytrace=False)
