@@ -11,7 +11,18 @@ from pathlib import Path
 import pytest
 
 from perfsuite.commands import abrev
-from perfsuite.commands.abrev import METRIC, Settings, SideRun, ab_trees, export, launch_of, own_plugin
+from perfsuite.commands.abrev import (
+    BASE_DIR,
+    CANDIDATE_DIR,
+    METRIC,
+    Settings,
+    SideRun,
+    ab_trees,
+    export,
+    launch_of,
+    own_plugin,
+    snapshot,
+)
 from perfsuite.judge.abtest import summary_lines
 from perfsuite.judge.contention import Contention, Quiet, contended
 from perfsuite.judge.results import OneLaunch
@@ -233,28 +244,40 @@ def test_a_lower_alpha_needs_more_evidence_for_a_regression(monkeypatch: pytest.
 
 
 def makefile_ab_rev() -> list[str]:
-    """The arguments of the A/B ``make test`` runs against HEAD~1."""
+    """The design of the A/B ``make test`` runs against HEAD~1 (``AB_REV_DESIGN``)."""
     makefile = (Path(__file__).parents[1] / "Makefile").read_text()
-    (line,) = [line for line in makefile.splitlines() if "-m perfsuite ab-rev HEAD~1" in line]
-    return line.split("ab-rev", 1)[1].split(";")[0].split()
+    (line,) = [line for line in makefile.splitlines() if line.startswith("AB_REV_DESIGN =")]
+    assert makefile.count("-m perfsuite ab-rev HEAD~1") == makefile.count("$(AB_REV_DESIGN)") == 2
+    return line.split("=", 1)[1].split()
 
 
 def test_the_ci_ab_decides_at_the_noise_ci_met() -> None:
-    # CI's A/B of mixed_precision.amp met 15% spread per pair (an 8-pair undecided at +-16.7%);
-    # quiet, this VM gives 5.7%. At either the CI's design must rarely go red at no slowdown.
+    # CI's A/B of the trainer row met 17% spread per pair (a 30-pair undecided at +5.1%, -4.8% ..
+    # +12.3%); quiet, this VM gives 5.7%. One A/B's mean also carries ~6% that its pairs do not
+    # show (docs/lab/contention.md), so CI runs a second A/B where the first did not pass, and goes
+    # red only when neither passed. At either spread that must almost never happen at no slowdown,
+    # and almost always at a 50% slowdown, within the budget at ~10 s a pair.
     import numpy as np
 
     from perfsuite.judge import sequential
 
     args = makefile_ab_rev()
-    value = {flag: args[args.index(flag) + 1] for flag in ("--max-pairs", "--alpha", "--budget")}
-    design = sequential.Design(0.10, alpha=float(value["--alpha"]), max_pairs=int(value["--max-pairs"]))
+    value = {flag: args[args.index(flag) + 1] for flag in ("--min-effect", "--max-pairs", "--alpha", "--budget")}
+    design = sequential.Design(
+        float(value["--min-effect"]), alpha=float(value["--alpha"]), max_pairs=int(value["--max-pairs"])
+    )
     rng = np.random.default_rng(7)
-    for spread, most_undecided, most_pairs in ((0.15, 0.05, 16), (0.057, 0.001, 6)):
-        code, pairs = sequential.decide(design, spread * rng.standard_normal((20_000, design.max_pairs)))
-        assert np.mean(code == sequential.UNDECIDED) <= most_undecided
-        assert np.mean(code == sequential.REGRESSION) <= 0.015 and pairs.mean() <= most_pairs
-    assert design.max_pairs * 7 > float(value["--budget"].rstrip("s"))  # ~7 s a pair: the budget ends it first
+
+    def not_passed(slowdown: float, spread: float) -> tuple[float, float]:
+        run = 0.06 * rng.standard_normal((20_000, 1))
+        losses = np.log1p(slowdown) + run + spread * rng.standard_normal((20_000, design.max_pairs))
+        code, pairs = sequential.decide(design, losses)
+        return float(np.mean(code != sequential.PASS)), float(np.quantile(pairs, 0.95))
+
+    for spread in (0.17, 0.057):
+        unchanged, most_pairs = not_passed(0.0, spread)
+        assert unchanged**2 <= 0.005 and most_pairs * 10 <= float(value["--budget"].rstrip("s"))
+        assert not_passed(0.5, spread)[0] ** 2 >= 0.99
 
 
 def test_a_revision_is_exported_without_a_worktree(tmp_path: Path) -> None:
@@ -269,6 +292,42 @@ def test_a_revision_is_exported_without_a_worktree(tmp_path: Path) -> None:
     commit = export(repo, "HEAD", tmp_path / "base")
     assert (tmp_path / "base" / "a.txt").read_text() == "one\n" and len(commit) == 40
     assert subprocess.run([*git, "worktree", "list"], capture_output=True, text=True).stdout.count("\n") == 1
+
+
+def test_the_checkout_is_copied_as_it_is_without_what_git_ignores(tmp_path: Path) -> None:
+    # The candidate runs from this copy, beside the base's export: the sides differ in their code
+    # alone, not in where their trees lie or what else sits in the checkout.
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / ".gitignore").write_text("data/\n*.log\n")
+    for name in ("pkg/model.py", "gone.py", "staged.py"):
+        (repo / name).write_text("committed\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    (repo / "pkg" / "model.py").write_text("changed\n")
+    (repo / "staged.py").write_text("staged\n")
+    subprocess.run([*git, "add", "staged.py"], check=True)
+    (repo / "staged.py").write_text("staged, then changed\n")
+    (repo / "gone.py").unlink()
+    (repo / "new.py").write_text("untracked\n")
+    (repo / "data").mkdir()
+    (repo / "data" / "big.bin").write_text("ignored\n")
+    (repo / "run.log").write_text("ignored\n")
+    copied = snapshot(repo, tmp_path / CANDIDATE_DIR)
+    found = {
+        p.relative_to(tmp_path / CANDIDATE_DIR).as_posix(): p.read_text()
+        for p in (tmp_path / CANDIDATE_DIR).rglob("*")
+        if p.is_file()
+    }
+    assert found == {
+        ".gitignore": "data/\n*.log\n",
+        "pkg/model.py": "changed\n",
+        "staged.py": "staged, then changed\n",
+        "new.py": "untracked\n",
+    }
+    assert copied == 4 and len(BASE_DIR) == len(CANDIDATE_DIR)
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,9 @@
 An interleaved, sequential A/B of two revisions of one repository on one machine, for machines
 whose speed drifts between sessions more than any stored baseline's tolerance can absorb (the
 2-core cpu VM: 15-40%; docs/lab/issue-26.md) and for slowdowns smaller than a stored baseline's
-tolerance (2% on a GPU). REV's tree is exported (``git archive``) into a scratch folder, then the
-selected scenarios run there and here pair by pair, the side that goes first alternating: every
+tolerance (2% on a GPU). REV's tree is exported (``git archive``) into a scratch folder and this
+checkout copied beside it (:func:`snapshot`), then the selected scenarios run in the two copies pair
+by pair, the side that goes first alternating: every
 run is a whole pytest process of that side's own code (its bench_tests, and its perfsuite when
 the repository holds one), with an empty baselines folder, so nothing is judged or written, only
 measured. After each pair every open scenario is judged by :mod:`perfsuite.judge.sequential`:
@@ -19,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -121,6 +123,31 @@ def export(repo: Path, rev: str, into: Path) -> str:
         with tarfile.open(fileobj=raw) as tar:
             tar.extractall(into, filter="data")
     return commit
+
+
+#: The two trees' folder names in the scratch folder: of one length, so that no string a rank holds
+#: (module paths, code objects' file names) differs in size between the sides.
+BASE_DIR, CANDIDATE_DIR = "base", "cand"
+
+
+def snapshot(repo: Path, into: Path) -> int:
+    """The checkout as it is, uncommitted changes included, copied under ``into``: the files git
+    tracks and the untracked ones it does not ignore. The candidate runs from this copy, not from
+    the checkout itself, so that the two sides differ in their code alone, not in where their tree
+    lies or what else sits in it; the number of files copied."""
+    listed = git(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    copied = 0
+    for name in dict.fromkeys(n for n in listed if n):  # a file both staged and changed is listed twice
+        source, target = repo / name, into / name
+        if not source.exists() and not source.is_symlink():  # tracked, deleted in the checkout
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir() and not source.is_symlink():  # a submodule: its files as they are
+            shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+        else:
+            shutil.copy2(source, target, follow_symlinks=False)
+        copied += 1
+    return copied
 
 
 def run_side(root: Path, paths: Sequence[str], pytest_args: Sequence[str], out: Path) -> SideRun:
@@ -410,17 +437,22 @@ def run(ns: argparse.Namespace, extra: Sequence[str]) -> int:
     # (warm.ParentKey): a team's repository, one for both sides; perfsuite's own, one per side.
     warm.share_with_children()
     with tempfile.TemporaryDirectory(prefix="perfsuite-ab-rev.") as scratch:
-        base = Path(scratch) / "base"
+        base, candidate = Path(scratch) / BASE_DIR, Path(scratch) / CANDIDATE_DIR
         try:
             commit = export(here, ns.rev, base)
         except (ValueError, subprocess.CalledProcessError) as exc:
             print(f"perfsuite ab-rev: cannot export {ns.rev!r}: {exc}", file=sys.stderr)
             return BAD_INPUT
+        try:
+            snapshot(here, candidate)
+        except (ValueError, OSError) as exc:
+            print(f"perfsuite ab-rev: cannot copy this checkout into {candidate}: {exc}", file=sys.stderr)
+            return BAD_INPUT
         print(
             f"perfsuite ab-rev: this checkout against {ns.rev} ({commit[:12]}), at most {settings.max_pairs} pairs",
             flush=True,
         )
-        results = ab_trees(base, here, settings, Path(scratch), lambda line: print(line, flush=True))
+        results = ab_trees(base, candidate, settings, Path(scratch), lambda line: print(line, flush=True))
     print("\n".join([*work_lines(results), *summary_lines(results)]))
     if ns.json:
         ns.json.write_text(json.dumps({"base": commit, "ab": [r.to_json() for r in results]}, indent=1))
