@@ -132,6 +132,32 @@ def test_history_command_prints_the_series_and_the_shift(tmp_path: Path, capsys:
     assert "no change point in peak_mem_mib" in capsys.readouterr().out
 
 
+def plant_upgrade(directory: Path, values: list[float], upgraded_at: int, python_at: int | None = None) -> None:
+    """``plant``, each run's fingerprint naming torch 2.12.0 before run ``upgraded_at`` and 2.13.0
+    from it (and Python 3.12.1 from run ``python_at``)."""
+    for i, value in enumerate(values):
+        doc = document(value)
+        python = "3.12.1" if python_at is not None and i >= python_at else "3.11.7"
+        torch = "2.13.0" if i >= upgraded_at else "2.12.0"
+        doc["machine"] = {"python": python, "packages": {"torch": torch, "transformers": "4.57.0"}, "driver": None}
+        record(directory, doc, commit(i), now=START + timedelta(days=3, minutes=i))
+
+
+def test_a_shift_at_a_torch_upgrade_is_labelled_with_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plant_upgrade(tmp_path, step_history(), upgraded_at=20, python_at=20)
+    (change,) = change_points(series(load(tmp_path, "cpu"), SCENARIO, "samples_per_s"))
+    assert change.index == 20 and change.environment == ("Python 3.11.7 -> 3.12.1", "torch 2.12.0 -> 2.13.0")
+    assert main(["history", str(tmp_path), "-k", "fp32"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "shifted" in x)
+    assert line.endswith("; the environment changed there: Python 3.11.7 -> 3.12.1, torch 2.12.0 -> 2.13.0")
+
+
+def test_an_upgrade_away_from_the_shift_labels_nothing(tmp_path: Path) -> None:
+    plant_upgrade(tmp_path, step_history(), upgraded_at=10)
+    (change,) = change_points(series(load(tmp_path, "cpu"), SCENARIO, "samples_per_s"))
+    assert change.index == 20 and change.environment == () and change.label() == ""
+
+
 @pytest.mark.parametrize(
     ("setup", "expected"),
     [

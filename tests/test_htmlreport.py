@@ -316,7 +316,8 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
 
 
 def record_history(directory: Path, results: dict[str, Any], shift_at: int, runs: int) -> None:
-    """``runs`` copies of ``results`` in a history, samples/s 30% lower from run ``shift_at`` on."""
+    """``runs`` copies of ``results`` in a history, samples/s 30% lower from run ``shift_at`` on, where
+    torch went from 2.12.0 to 2.13.0."""
     from perfsuite.reports.exports.history import record
     from perfsuite.store.vcs import Commit
 
@@ -326,6 +327,7 @@ def record_history(directory: Path, results: dict[str, Any], shift_at: int, runs
         for result in run["results"]:
             rate = result["metrics"]["samples_per_s"]
             rate["mean"] *= (0.7 if i >= shift_at else 1.0) * (1 + 0.01 * (i % 3))
+        run["machine"]["packages"]["torch"] = "2.13.0" if i >= shift_at else "2.12.0"
         when = start + timedelta(hours=i)
         record(directory, run, Commit(id=f"{i:02d}" + "c" * 38, time=when.isoformat()), now=when)
 
@@ -350,6 +352,7 @@ def test_report_of_a_real_cpu_run_renders_in_chromium(
     assert main(["report", str(out), "--history", str(history), "-o", str(page)]) == 0, capsys.readouterr().err
     text = page.read_text()
     assert re.search(r"change point: -(29|30|31)\.\d%", text), "the planted 30% drop was not found"
+    assert re.search(r"the environment changed there: torch 2\.12\.0 -(>|&gt;) 2\.13\.0", text)
     assert "tiny.fp32" in text and "no_baseline" in text
     seen = browser.open(page.as_uri())
     assert seen["errors"] == []

@@ -93,7 +93,7 @@ def report(
     for change in found:
         lines.append(
             f"{metric} of {scenario} shifted {change.rel_change:+.1%} at commit {_short(change.commit)} "
-            f"(p={change.p_value:.3f}): {change.before_mean:.4g} -> {change.after_mean:.4g}"
+            f"(p={change.p_value:.3f}): {change.before_mean:.4g} -> {change.after_mean:.4g}{change.label()}"
         )
     return lines if found else [*lines, f"no change point in {metric} of {scenario} (p <= {max_p:g})"]
 

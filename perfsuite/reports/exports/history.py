@@ -7,7 +7,8 @@
 same file and a bad file spoils one run, not the history.
 
 The typed API (:func:`load`, :func:`series`, :func:`change_points`) is what
-``python -m perfsuite history`` and the HTML report read the store with.
+``python -m perfsuite history`` and the HTML report read the store with; a change point names the
+environment change it coincides with (the documents' fingerprints).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from perfsuite.core.files import atomic_write_json, output_problem
+from perfsuite.launch.fingerprint import stack_changes
 from perfsuite.reports.exports.changepoint import e_divisive
 from perfsuite.store.vcs import Commit, current_commit
 
@@ -66,6 +68,8 @@ class Point:
     recorded_at: str
     value: float
     std: float | None  # spread over the run's steps, for metrics kept with it
+    machine: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """The run's fingerprint (its document's ``machine``): Python, driver, CUDA, packages, runtime."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,27 @@ class ChangePoint:
     after_mean: float  # mean of the segment after (up to the next change point)
     rel_change: float  # after / before - 1
     p_value: float  # permutation test of the split
+    environment: tuple[str, ...] = ()
+    """What changed in the environment between the last run before and the first after (``torch
+    2.12.0 -> 2.13.0``): a shift that coincides with one may be the stack's, not the code's."""
+
+    def label(self) -> str:
+        """The environment change it coincides with, for a line that names the shift."""
+        return f"; the environment changed there: {', '.join(self.environment)}" if self.environment else ""
+
+
+def environment_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """What differs between two runs' fingerprints that a stack upgrade moves: Python, then the
+    cards, driver, CUDA and the tracked packages and runtime libraries (:func:`stack_changes`).
+    Nothing where either run recorded no fingerprint."""
+    if not before or not after:
+        return []
+    python = (
+        [f"Python {before.get('python')} -> {after.get('python')}"]
+        if before.get("python") != after.get("python")
+        else []
+    )
+    return python + stack_changes(before, after)
 
 
 # -- writing ------------------------------------------------------------------
@@ -179,7 +204,8 @@ def series(runs: Sequence[HistoryRun], scenario_id: str, metric: str) -> list[Po
         result = run.result(scenario_id)
         found = _lookup(result.get("metrics") or {}, metric) if result else None
         if found is not None:
-            points.append(Point(run.commit, run.recorded_at, *found))
+            machine = run.document.get("machine")
+            points.append(Point(run.commit, run.recorded_at, *found, machine if isinstance(machine, Mapping) else {}))
     return points
 
 
@@ -210,7 +236,8 @@ def change_points(
         before = statistics.fmean(values[edges[i - 1] : edges[i]])
         after = statistics.fmean(values[edges[i] : edges[i + 1]])
         rel = after / before - 1 if before else math.nan
-        found.append(ChangePoint(split.index, points[split.index].commit, before, after, rel, split.p_value))
+        moved = tuple(environment_changes(points[split.index - 1].machine, points[split.index].machine))
+        found.append(ChangePoint(split.index, points[split.index].commit, before, after, rel, split.p_value, moved))
     return found
 
 

@@ -109,7 +109,7 @@ def _trends(document: Mapping[str, Any], directory: Path) -> list[dict[str, Any]
         title = f"{result['id']}: {name} over {len(points)} runs"
         notes = [
             f"{c.rel_change:+.1%} at {(c.commit or '?')[:10]} ({c.before_mean:.4g} -> {c.after_mean:.4g}, "
-            f"p={c.p_value:.3f})"
+            f"p={c.p_value:.3f}){c.label()}"
             for c in changes
         ]
         charts.append({"title": title, "chart": plots.trend(points, changes, title, res.unit(name)), "changes": notes})
