@@ -15,7 +15,7 @@ from conftest import CPU_PROFILE, TINY, TINY_SHAPE
 
 from perfsuite.core.engines import MissingPackage
 from perfsuite.judge.contention import Contention, Quiet, wait_for_quiet
-from perfsuite.judge.coverage import Outcome, coverage_of
+from perfsuite.judge.coverage import Outcome, coverage_of, kinds_judged
 from perfsuite.plugin import exitstatus as gate
 from perfsuite.store import quarantine
 from tests.test_contention import busy
@@ -43,13 +43,37 @@ def test_the_line_counts_judged_unjudged_quarantined_and_not_for_this_machine() 
     )
     assert found.line() == (
         "judged 3 of 7 selected scenario(s); not judged: 1 unreliable (foreign load: other processes kept 0.98 of "
-        "vm's 2 CPU cores busy (limit 0.25)), 1 no baseline; quarantined (run, not gating): 1; not for this machine: 1"
+        "vm's 2 CPU cores busy (limit 0.25)), 1 no baseline; quarantined (run, not gating): 1; not for this machine: 1; "
+        "judged: memory 0, timing 0 of 7"
     )
     assert not found.ok
     fixes = "\n".join(found.fixes())
     assert "unreliable: b.busy: rerun on a quiet runner" in fixes
     assert "no_baseline: b.new: record baselines: python -m perfsuite bootstrap" in fixes
     assert found.to_json()["skipped"] == {"c.big": "needs 4 GPUs, 1 node(s) here have 1"}
+
+
+def test_the_line_counts_rows_by_what_judged_them_work_memory_and_timing() -> None:
+    # A runner whose processor has no timing baselines still judges work and memory exactly.
+    assert kinds_judged(["samples_per_s", "peak_mem_mib"], "pass") == (True, True)
+    assert kinds_judged(["peak_mem_mib"], "other_machine") == (False, True)  # timing from another processor
+    assert kinds_judged(["samples_per_s"], "regression") == (True, False)
+    assert kinds_judged([], "expected_oom") == (False, True) and kinds_judged([], "error") == (False, False)
+    found = coverage_of(
+        [
+            Outcome("a.same", "pass", work="unchanged", timing=True, memory=True),
+            Outcome("a.elsewhere", "other_machine", work="unchanged", memory=True),
+            Outcome("a.oom", "expected_oom", memory=True),
+            Outcome("a.new", "no_baseline", work="not_judged"),
+            Outcome("a.held", "regression", quarantined=True, work="changed", timing=True, memory=True),
+        ]
+    )
+    assert found.line().endswith("; judged: work 2, memory 3, timing 1 of 5")
+    assert found.to_json()["timing_judged"] == ["a.same"] and found.to_json()["memory_judged"] == [
+        "a.same",
+        "a.elsewhere",
+        "a.oom",
+    ]
 
 
 def test_a_run_is_green_only_when_it_judged_something_and_left_nothing_unjudged() -> None:
@@ -76,7 +100,10 @@ def test_rows_whose_engine_is_not_installed_are_counted_apart_and_grouped_by_the
             Outcome("p.own", "skipped", "their_engine is not installed", missing=MissingPackage("their_engine")),
         ]
     )
-    assert found.line() == "judged 1 of 6 selected scenario(s); not for this machine: 1; engine not installed: 4"
+    assert (
+        found.line()
+        == "judged 1 of 6 selected scenario(s); not for this machine: 1; engine not installed: 4; judged: memory 0, timing 0 of 6"
+    )
     assert found.ok, "a skip stays a skip: a runner need not install every engine"
     assert found.notes() == [
         "not installed: 2 rows need perfsuite[megatron] (pip install 'perfsuite[megatron]'): p.mcore1, p.mcore2",

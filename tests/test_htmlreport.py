@@ -95,7 +95,10 @@ def test_the_job_summary_opens_with_the_coverage_line_and_its_fixes() -> None:
     doc = document()
     found = coverage_of(Outcome(r["id"], r["verdict"], r["message"]) for r in doc["results"])
     lines = summary.markdown({**doc, "coverage": found.to_json()}).splitlines()
-    assert lines[2] == "**✅ judged 2 of 3 selected scenario(s); not for this machine: 1**"
+    assert (
+        lines[2]
+        == "**✅ judged 2 of 3 selected scenario(s); not for this machine: 1; judged: memory 0, timing 0 of 3**"
+    )
     doc["results"][0]["verdict"] = "no_baseline"
     found = coverage_of(Outcome(r["id"], r["verdict"], r["message"]) for r in doc["results"])
     lines = summary.markdown({**doc, "coverage": found.to_json()}).splitlines()

@@ -125,7 +125,7 @@ def test_results_file_follows_the_contract(project: pytest.Pytester) -> None:
     assert {"machine", "results", "coverage"} <= set(doc)
     assert doc["nodeids"] == {"tiny.fp32": "test_bench.py::test_bench[tiny.fp32]"}  # what ab-rev reruns
     assert doc["coverage"]["line"] == (
-        "judged 0 of 1 selected scenario(s); not judged: 1 no baseline; step work judged: 0"
+        "judged 0 of 1 selected scenario(s); not judged: 1 no baseline; judged: work 0, memory 0, timing 0 of 1"
     )
     assert doc["coverage"]["ok"] is False and doc["coverage"]["unjudged"] == {"no_baseline": ["tiny.fp32"]}
     (result,) = doc["results"]

@@ -434,7 +434,7 @@ def test_a_host_sync_planted_in_a_teams_model_fails_the_gate_at_world_size_2(pyt
     assert stored["scenarios"]["team.ddp"]["packages"]["torch"]
     unchanged = team_gate(pytester, "--perf-op-profiles=off")
     unchanged.assert_outcomes(passed=1)
-    unchanged.stdout.fnmatch_lines(["*step work judged: 1*"])
+    unchanged.stdout.fnmatch_lines(["*judged: work 1, memory 1, timing 1 of 1*"])
     write_team(pytester.path, "h.sum().item()")
     planted = team_gate(pytester, "--perf-op-profiles=off", "--perf-json", "gate.json")
     planted.assert_outcomes(failed=1)

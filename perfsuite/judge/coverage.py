@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfsuite.core import metrics
 from perfsuite.core.engines import MissingPackage
 
 #: Verdicts by which the gate has spoken, for better or worse (``searched``: a max-batch
@@ -75,6 +76,21 @@ class Outcome:
     """The engine package whose absence skipped it, when that is why."""
     work: str = ""
     """The work gate's status (``perfsuite.judge.work.WorkStatus``); "" where no work was counted."""
+    timing: bool = False
+    """A timed metric (samples/s, TFLOP/s: ``Metric.timed``) was compared: the processor's speed."""
+    memory: bool = False
+    """Memory or byte counts were compared, or an out-of-memory expectation: the same on any processor."""
+
+
+#: Verdicts that judged an out-of-memory expectation: memory, whatever the checks.
+OOM_VERDICTS = frozenset({"expected_oom", "unexpected_oom", "unexpected_pass"})
+
+
+def kinds_judged(compared: Iterable[str], verdict: str) -> tuple[bool, bool]:
+    """(timing, memory): whether the metrics a result compared with its baseline (``compared``,
+    by name) judged the processor's speed, memory and byte counts, or both."""
+    timed = [metrics.get(name).timed for name in compared if name in metrics.METRICS]
+    return any(timed), not all(timed) or verdict in OOM_VERDICTS
 
 
 @dataclass(frozen=True)
@@ -110,6 +126,8 @@ class Coverage:
     """Skipped ones (also in ``skipped``) whose engine is not installed, by what installs it."""
     work_judged: tuple[str, ...] | None = None
     """Those whose step work was judged exactly (None: the run counted no work)."""
+    timing_judged: tuple[str, ...] = ()
+    memory_judged: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -134,9 +152,14 @@ class Coverage:
             parts.append(f"engine not installed: {uninstalled}")
         if self.timing_elsewhere:
             parts.append(f"timing not judged, baseline from another processor: {len(self.timing_elsewhere)}")
-        if self.work_judged is not None:
-            parts.append(f"step work judged: {len(self.work_judged)}")
+        parts.append(self.by_kind())
         return "; ".join(parts)
+
+    def by_kind(self) -> str:
+        """How many rows each kind of judgement reached: the exact ones (step work, memory) on any
+        processor, timing only against this processor's own baselines."""
+        work = f"work {len(self.work_judged)}, " if self.work_judged is not None else ""
+        return f"judged: {work}memory {len(self.memory_judged)}, timing {len(self.timing_judged)} of {self.selected}"
 
     def notes(self) -> list[str]:
         """What the line leaves unjudged without failing the run, and what would judge it."""
@@ -173,6 +196,8 @@ class Coverage:
             "not_installed": [group.to_json() for group in self.not_installed],
             "timing_elsewhere": list(self.timing_elsewhere),
             "work_judged": None if self.work_judged is None else list(self.work_judged),
+            "timing_judged": list(self.timing_judged),
+            "memory_judged": list(self.memory_judged),
             "fixes": self.fixes(),
             "notes": self.notes(),
         }
@@ -202,6 +227,7 @@ def coverage_of(outcomes: Iterable[Outcome]) -> Coverage:
     elsewhere = tuple(item.id for item in items if item.verdict == TIMING_ELSEWHERE and not item.quarantined)
     counted = any(item.work for item in items)
     work = tuple(i.id for i in items if i.work and i.work != "not_judged" and not i.quarantined) if counted else None
+    gating = [item for item in items if not item.quarantined]
     return Coverage(
         len(items),
         tuple(judged),
@@ -212,6 +238,8 @@ def coverage_of(outcomes: Iterable[Outcome]) -> Coverage:
         elsewhere,
         not_installed(items),
         work,
+        tuple(item.id for item in gating if item.timing),
+        tuple(item.id for item in gating if item.memory),
     )
 
 

@@ -143,7 +143,9 @@ class ABMode(Mode):
 
     def outcomes(self, session: PerfSession | None) -> list[Outcome]:
         held = exitstatus.entries_of(self.config)
-        return [Outcome(r.id, r.verdict, r.message, r.id in held) for r in self.results]
+        # The A/B judges speed alone, against the other side on this machine.
+        decided = ("pass", "regression")
+        return [Outcome(r.id, r.verdict, r.message, r.id in held, timing=r.verdict in decided) for r in self.results]
 
     def summary(self, terminalreporter: Any, session: PerfSession | None) -> None:
         if self.results:

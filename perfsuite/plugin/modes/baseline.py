@@ -12,7 +12,7 @@ from perfsuite.core.relations import Relation, RelationOutcome
 from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.judge import repro
 from perfsuite.judge.compare import FAILING
-from perfsuite.judge.coverage import Outcome
+from perfsuite.judge.coverage import Outcome, kinds_judged
 from perfsuite.launch.devicelock import DeviceBusy
 from perfsuite.plugin import exitstatus, options
 from perfsuite.plugin.modes.base import Mode, say_nothing_measured
@@ -92,6 +92,7 @@ class BaselineMode(Mode):
                 r.scenario.id in held,
                 r.missing,
                 r.work.status if r.work else "",
+                *kinds_judged((check.metric for check in r.judgement.checks), r.verdict),
             )
             for r in results
         ]
