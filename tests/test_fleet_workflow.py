@@ -86,6 +86,10 @@ class Ran(list[Step]):
 RUNNER_OS, RUNNER_ARCH, RUN_ID = "Linux", "X64", "4242"
 
 
+#: The payload GitHub writes for an event (``$GITHUB_EVENT_PATH``), where a step reads one.
+EVENT_PAYLOADS = {"pull_request": Path(__file__).parent / "data" / "pull_request_synchronize.json"}
+
+
 #: Every expression the workflow uses, and its value here.
 EXPRESSIONS: dict[str, Callable[[Context], str]] = {
     "vars.PERFSUITE_WHEELHOUSE": lambda c: c.event.vars.get("PERFSUITE_WHEELHOUSE", ""),
@@ -127,6 +131,9 @@ CONDITIONS: dict[str, Callable[[Context, Path], bool]] = {
         c.env.get("PUBLISH") == "true" and _files_exist(r, "perf-history/*/*.json")
     ),
     "always() && hashFiles('perf-results.json') != ''": lambda _, r: (r / "perf-results.json").exists(),
+    "always() && github.event_name == 'pull_request' && hashFiles('perf-results.json') != ''": lambda c, r: (
+        c.event.name == "pull_request" and (r / "perf-results.json").exists()
+    ),
     "always() && steps.record.outputs.status != ''": lambda c, _: bool(c.outputs.get("record", {}).get("status")),
 }
 
@@ -176,6 +183,7 @@ def _run_step(repo: Path, step: Mapping[str, Any], index: int, ctx: Context) -> 
         GITHUB_ENV=str(exported),
         GITHUB_STEP_SUMMARY=str(repo.parent / "summary.md"),
         GITHUB_ACTIONS="true",
+        GITHUB_EVENT_PATH=str(EVENT_PAYLOADS.get(ctx.event.name, os.devnull)),
     )
     script = expand(step["run"], ctx)
     done = subprocess.run(
@@ -368,8 +376,15 @@ def test_a_fresh_runner_is_red_until_the_record_job_baselines_are_merged_then_gr
         "Profile",
         "Gate",
         "Job summary and HTML report",
+        "Pull-request comment",
     ]
     assert (repo / "perf-report.html").is_file()
+    # The comment the next step posts (or edits in place): this pull request's, from its event.
+    from perfsuite.reports.html.comment import MARKER
+
+    assert (
+        (repo / "perf-comment.md").read_text().startswith(f"{MARKER}\nperfsuite judged 9c1e5a7b3d2f, the head of #42")
+    )
     # Inductor's cache: the folder the ranks were given is the one saved, under this runner's torch.
     import torch
 

@@ -4,6 +4,7 @@ page, or as a table (plain or markdown)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,21 @@ def add_parsers(commands: Any) -> None:
     table = commands.add_parser("summary", help="print a results file's summary table")
     table.add_argument("results", type=Path, help="results file (pytest --perf-json FILE)")
     table.add_argument("--markdown", action="store_true", help="as markdown, e.g. >> $GITHUB_STEP_SUMMARY")
+    table.add_argument(
+        "--event",
+        type=Path,
+        metavar="FILE",
+        help="as the pull-request comment for this GitHub event payload ($GITHUB_EVENT_PATH): the markdown "
+        "under a marker the workflow finds it by, the run's link and each failed row's commands",
+    )
+    table.add_argument(
+        "--append",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="with --event: markdown to add at the end, e.g. ab-rev --markdown's table (a missing file is left out)",
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -40,10 +56,24 @@ def run(ns: argparse.Namespace) -> int:
         document = load_results(ns.results)
     except ReportInputError as exc:
         return _fail(ns.command, str(exc))
+    if ns.command == "summary" and ns.event is not None:
+        return _comment(ns, document)
     if ns.command == "summary":
         sys.stdout.write(summary.markdown(document) if ns.markdown else summary.text(document))
         return 0
     return _report(ns, document)
+
+
+def _comment(ns: argparse.Namespace, document: dict[str, Any]) -> int:
+    from perfsuite.reports.html import comment
+
+    try:
+        pr = comment.read_event(ns.event)
+    except comment.EventError as exc:
+        return _fail("summary", str(exc))
+    appended = [path.read_text(encoding="utf-8") for path in ns.append if path.is_file()]
+    sys.stdout.write(comment.comment(document, pr, comment.run_url(os.environ), appended))
+    return 0
 
 
 def _report(ns: argparse.Namespace, document: dict[str, Any]) -> int:
