@@ -102,11 +102,16 @@ EXPRESSIONS: dict[str, Callable[[Context], str]] = {
     "secrets.PERF_PR_TOKEN || github.token": lambda _: "a-token",
     "github.server_url": lambda _: "https://github.example",
     "github.repository": lambda _: "team/repo",
-    "github.event_name == 'pull_request' && 'pr' || 'nightly'": lambda c: (
-        "pr" if c.event.name == "pull_request" else "nightly"
+    "(github.event_name == 'pull_request' || github.event_name == 'issue_comment') && 'pr' || 'nightly'": lambda c: (
+        "pr" if c.event.name in ("pull_request", "issue_comment") else "nightly"
     ),
-    "github.event_name != 'pull_request'": lambda c: str(c.event.name != "pull_request").lower(),
-    "github.base_ref": lambda c: "main" if c.event.name == "pull_request" else "",
+    "github.event_name == 'push' || github.event_name == 'schedule'": lambda c: str(
+        c.event.name in ("push", "schedule")
+    ).lower(),
+    "github.event_name == 'pull_request' || github.event_name == 'issue_comment'": lambda c: str(
+        c.event.name in ("pull_request", "issue_comment")
+    ).lower(),
+    "github.base_ref || github.event.repository.default_branch": lambda c: "main",
     "inputs.record": lambda c: c.event.inputs.get("record", ""),
     "inputs.keyword": lambda c: c.event.inputs.get("keyword", ""),
     "steps.profile.outputs.profile": lambda c: c.outputs.get("profile", {}).get("profile", ""),
@@ -124,15 +129,15 @@ def _files_exist(root: Path, pattern: str) -> bool:
 
 #: Every ``if:`` of a step, and whether it holds here (None: the default, success()).
 CONDITIONS: dict[str, Callable[[Context, Path], bool]] = {
-    "github.event_name == 'pull_request' && env.AB_KEYWORD != ''": lambda c, _: (
-        c.event.name == "pull_request" and bool(c.env.get("AB_KEYWORD")) and not c.failed
+    "env.ASKED == 'true' && env.AB_KEYWORD != ''": lambda c, _: (
+        c.env.get("ASKED") == "true" and bool(c.env.get("AB_KEYWORD")) and not c.failed
     ),
     "always() && env.PUBLISH == 'true' && hashFiles('perf-history/**') != ''": lambda c, r: (
         c.env.get("PUBLISH") == "true" and _files_exist(r, "perf-history/*/*.json")
     ),
     "always() && hashFiles('perf-results.json') != ''": lambda _, r: (r / "perf-results.json").exists(),
-    "always() && github.event_name == 'pull_request' && hashFiles('perf-results.json') != ''": lambda c, r: (
-        c.event.name == "pull_request" and (r / "perf-results.json").exists()
+    "always() && env.ASKED == 'true' && hashFiles('perf-results.json') != ''": lambda c, r: (
+        c.env.get("ASKED") == "true" and (r / "perf-results.json").exists()
     ),
     "always() && steps.record.outputs.status != ''": lambda c, _: bool(c.outputs.get("record", {}).get("status")),
 }
@@ -329,7 +334,10 @@ def test_the_workflow_passes_actionlint_and_knows_every_expression(tmp_path: Pat
     workflow = yaml.safe_load(path.read_text())
     gate, record = workflow["jobs"]["gate"], workflow["jobs"]["record"]
     assert "head.repo.full_name == github.repository" in gate["if"]  # forks never reach the runner
-    assert workflow["concurrency"]["group"] == "perf-${{ github.event.pull_request.number || github.run_id }}"
+    assert (
+        workflow["concurrency"]["group"]
+        == "perf-${{ github.event.pull_request.number || github.event.issue.number || github.run_id }}"
+    )
     assert record["if"] == "github.event_name == 'workflow_dispatch'"
     assert any(s.get("uses", "").startswith("peter-evans/create-pull-request") for s in record["steps"])
     assert "contents" not in workflow["permissions"] or workflow["permissions"]["contents"] == "read"
@@ -382,9 +390,8 @@ def test_a_fresh_runner_is_red_until_the_record_job_baselines_are_merged_then_gr
     # The comment the next step posts (or edits in place): this pull request's, from its event.
     from perfsuite.reports.html.comment import MARKER
 
-    assert (
-        (repo / "perf-comment.md").read_text().startswith(f"{MARKER}\nperfsuite judged 9c1e5a7b3d2f, the head of #42")
-    )
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert (repo / "perf-comment.md").read_text().startswith(f"{MARKER}\nperfsuite judged commit {head[:12]} of #42")
     # Inductor's cache: the folder the ranks were given is the one saved, under this runner's torch.
     import torch
 

@@ -203,7 +203,8 @@ def test_the_example_team_repo_records_judges_and_catches_a_slowdown(pytester: p
 def test_the_pull_request_ab_compares_with_the_merge_base_at_the_teams_minimum_effect(tmp_path: Path) -> None:
     # The step's own shell, run against a repository whose main moved on after the branch: the A/B
     # must take the merge base (not main's tip, whose later commits are not the PR's), pass the
-    # repository variable's minimum effect only when set, and write the job summary.
+    # repository variable's minimum effect only when set, and write the job summary (and the table
+    # the pull-request comment appends).
     import subprocess
 
     import yaml
@@ -226,7 +227,9 @@ def test_the_pull_request_ab_compares_with_the_merge_base_at_the_teams_minimum_e
     base = subprocess.run([*git, "rev-parse", "pr~1"], capture_output=True, text=True, check=True).stdout.strip()
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\n')
+    (venv / "bin" / "python").write_text(
+        '#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\necho "| the A/B table |" > perf-ab.md\n'
+    )
     (venv / "bin" / "python").chmod(0o755)
     for effect, expected in (("0.02", ["--min-effect", "0.02"]), ("", [])):
         env = {
@@ -252,5 +255,6 @@ def test_the_pull_request_ab_compares_with_the_merge_base_at_the_teams_minimum_e
             "--json",
             "perf-ab.json",
             "--markdown",
-            str(tmp_path / "summary.md"),
+            "perf-ab.md",
         ]
+        assert (tmp_path / "summary.md").read_text().endswith("| the A/B table |\n")  # the job summary's too

@@ -4,6 +4,7 @@ page, or as a table (plain or markdown)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -40,6 +41,12 @@ def add_parsers(commands: Any) -> None:
         "under a marker the workflow finds it by, the run's link and each failed row's commands",
     )
     table.add_argument(
+        "--head",
+        metavar="SHA",
+        help="with --event: the commit the run judged (default: the pull request's head in the event, "
+        "which a comment's payload does not name)",
+    )
+    table.add_argument(
         "--append",
         type=Path,
         action="append",
@@ -71,6 +78,8 @@ def _comment(ns: argparse.Namespace, document: dict[str, Any]) -> int:
         pr = comment.read_event(ns.event)
     except comment.EventError as exc:
         return _fail("summary", str(exc))
+    if ns.head:
+        pr = dataclasses.replace(pr, head_sha=ns.head)
     appended = [path.read_text(encoding="utf-8") for path in ns.append if path.is_file()]
     sys.stdout.write(comment.comment(document, pr, comment.run_url(os.environ), appended))
     return 0

@@ -107,23 +107,26 @@ def _identifier(name: str) -> str:
     return re.sub(r"\W", "_", name).strip("_").lower() or "model"
 
 
-def render(model: Model, install: Install | None = None) -> dict[str, str]:
+def render(model: Model, install: Install | None = None, every_pr: bool = False) -> dict[str, str]:
     """Every file ``init`` writes, by path, with its content; the workflow installs ``install``
-    (default: perfsuite as it is installed here)."""
+    (default: perfsuite as it is installed here) and runs the GPU gate on every pull request from
+    the repository when ``every_pr``, else on those labelled ``perf`` or asked with ``/perf``."""
     install = install or how_installed()
     layout = {**LAYOUT, **(EXAMPLE if model.example else {})}
     seq_len = EXAMPLE_SEQ_LEN if model.example else SEQ_LEN
     values = {"model_spec": model.spec, "what": model.what, "group": model.group, "seq_len": str(seq_len)}
-    return {path: _text(name, values, install) for path, name in layout.items()}
+    return {path: _text(name, values, install, every_pr) for path, name in layout.items()}
 
 
-def _text(name: str | None, values: dict[str, str], install: Install) -> str:
+def _text(name: str | None, values: dict[str, str], install: Install, every_pr: bool = False) -> str:
     if name is None:
         return ""
     text = (resources.files(__name__) / "templates" / name).read_text()
     if name == WORKFLOW:
-        return text.replace("__PERFSUITE_REQUIREMENT__", install.requirement).replace(
-            "__PERFSUITE_SOURCE__", install.source
+        return (
+            text.replace("__PERFSUITE_REQUIREMENT__", install.requirement)
+            .replace("__PERFSUITE_SOURCE__", install.source)
+            .replace("__PERF_EVERY_PR__", "true" if every_pr else "false")
         )
     return string.Template(text).substitute(values) if name == SUBSTITUTED else text
 
@@ -139,11 +142,11 @@ class Outcome:
     """The team's own files that init appended its note to (``MERGED``)."""
 
 
-def init(root: Path, model: Model, force: bool) -> Outcome:
+def init(root: Path, model: Model, force: bool, every_pr: bool = False) -> Outcome:
     """Write the files under ``root``. Raises FileExistsError naming the files that exist with other
     content (none written) unless ``force``; a team's own ``MERGED`` file gets init's note appended,
     with ``force`` too."""
-    files = render(model)
+    files = render(model, every_pr=every_pr)
     unchanged = [p for p, text in files.items() if (root / p).is_file() and _holds(root / p, p, text)]
     mergeable = [p for p in files if p in MERGED and (root / p).is_file() and p not in unchanged]
     clashing = [p for p in files if (root / p).exists() and p not in unchanged and p not in mergeable]
@@ -179,6 +182,12 @@ def add_parser(commands: Any) -> None:
         "default: an example model to replace",
     )
     parser.add_argument(
+        "--every-pr",
+        action="store_true",
+        help="the workflow runs the GPU gate on every pull request from this repository (default: on those "
+        "labelled perf, or when a member comments /perf)",
+    )
+    parser.add_argument(
         "--force",
         action="store_true",
         help="overwrite files that exist with other content (never your conftest.py: init appends to it)",
@@ -193,7 +202,7 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     try:
         model = Model.parse(ns.model)
-        done = init(ns.root, model, ns.force)
+        done = init(ns.root, model, ns.force, ns.every_pr)
     except ValueError as exc:
         print(f"perfsuite init: {exc}", file=sys.stderr)
         return 2

@@ -46,9 +46,20 @@ def read_event(path: Path) -> PullRequest:
 
 
 def pull_request(event: Any, where: str) -> PullRequest:
+    """The pull request of a ``pull_request`` event, or of an ``issue_comment`` on a pull request
+    (``/perf``), whose payload names no head commit (``head_sha`` empty: the caller knows it)."""
     found = event.get("pull_request") if isinstance(event, Mapping) else None
+    issue = event.get("issue") if isinstance(event, Mapping) else None
+    if not isinstance(found, Mapping) and isinstance(issue, Mapping) and isinstance(issue.get("pull_request"), Mapping):
+        number = issue.get("number")
+        if not isinstance(number, int):
+            raise EventError(f"event payload {where}: 'issue' needs 'number'")
+        return PullRequest(number, "", str(issue.get("html_url") or ""))
     if not isinstance(found, Mapping):
-        raise EventError(f"event payload {where} has no 'pull_request': comment on pull_request events only")
+        raise EventError(
+            f"event payload {where} has no 'pull_request' (nor an 'issue' that is one): "
+            "comment on pull_request events, or on a comment on a pull request, only"
+        )
     head = found.get("head")
     number, sha = found.get("number"), head.get("sha") if isinstance(head, Mapping) else None
     if not isinstance(number, int) or not isinstance(sha, str) or not sha:
@@ -83,9 +94,10 @@ def comment(document: Mapping[str, Any], pr: PullRequest, run: str | None, appen
     """The comment's markdown: the marker, which commit it judged, the summary, the commands, then
     ``appended`` (the A/B's table that ``ab-rev --markdown`` wrote)."""
     where = f"[the run]({run}): its artifact holds the HTML report" if run else "the run's artifact"
+    judged = f"commit {pr.head_sha[:12]}" if pr.head_sha else "this pull request"
     lines = [
         MARKER,
-        f"perfsuite judged {pr.head_sha[:12]}, the head of #{pr.number}; details in {where}.",
+        f"perfsuite judged {judged} of #{pr.number}; details in {where}.",
         "",
         summary.markdown(document).rstrip("\n"),
         *repro_sections(document),
