@@ -146,9 +146,13 @@ def test_a_baseline_from_another_processor_at_twice_the_speed_is_no_regression_a
 
 
 def test_a_run_judged_on_memory_only_counts_as_judged_and_says_what_would_judge_its_timing() -> None:
-    found = coverage_of([Outcome("a", "other_machine", "..."), Outcome("b", "pass")])
+    found = coverage_of(
+        [Outcome("a", "other_machine", "...", memory=True), Outcome("b", "pass", timing=True, memory=True)]
+    )
     assert found.ok and found.judged == ("a", "b") and found.timing_elsewhere == ("a",)
-    assert found.line().endswith("timing not judged, baseline from another processor: 1")
+    assert found.line().endswith(
+        "timing not judged, baseline from another processor: 1; judged: memory 2, timing 1 of 2"
+    )
     (note,) = found.notes()
     assert note.startswith("other_machine: a: judged on memory only") and "ab-rev" in note
     assert coverage_of([Outcome("a", "other_machine", "...")]).ok
