@@ -30,12 +30,26 @@ class Repro:
     ab_rev: str
     bisect: str | None = None
 
-    def lines(self) -> list[str]:
+    @classmethod
+    def of(cls, found: Any) -> Repro | None:
+        """A results file's ``repro``; None for a pass, an older file, or another perfsuite's fields."""
+        if not isinstance(found, Mapping):
+            return None
+        try:
+            return cls(**found)
+        except TypeError:
+            return None
+
+    def labelled(self) -> list[tuple[str, str]]:
+        """Each command with what it is for."""
         return [
-            f"run it again: {self.rerun}",
-            f"settle it on this machine: {self.ab_rev}",
-            *([f"find the commit: {self.bisect}"] if self.bisect else []),
+            ("run it again", self.rerun),
+            ("settle it on this machine", self.ab_rev),
+            *([("find the commit", self.bisect)] if self.bisect else []),
         ]
+
+    def lines(self) -> list[str]:
+        return [f"{label}: {command}" for label, command in self.labelled()]
 
     def to_json(self) -> dict[str, Any]:
         return {"rerun": self.rerun, "ab_rev": self.ab_rev, "bisect": self.bisect}

@@ -33,7 +33,6 @@ class PullRequest:
 
     number: int
     head_sha: str
-    url: str
 
 
 def read_event(path: Path) -> PullRequest:
@@ -54,7 +53,7 @@ def pull_request(event: Any, where: str) -> PullRequest:
         number = issue.get("number")
         if not isinstance(number, int):
             raise EventError(f"event payload {where}: 'issue' needs 'number'")
-        return PullRequest(number, "", str(issue.get("html_url") or ""))
+        return PullRequest(number, "")
     if not isinstance(found, Mapping):
         raise EventError(
             f"event payload {where} has no 'pull_request' (nor an 'issue' that is one): "
@@ -64,7 +63,7 @@ def pull_request(event: Any, where: str) -> PullRequest:
     number, sha = found.get("number"), head.get("sha") if isinstance(head, Mapping) else None
     if not isinstance(number, int) or not isinstance(sha, str) or not sha:
         raise EventError(f"event payload {where}: 'pull_request' needs 'number' and 'head.sha'")
-    return PullRequest(number, sha, str(found.get("html_url") or ""))
+    return PullRequest(number, sha)
 
 
 def run_url(env: Mapping[str, str]) -> str | None:
@@ -77,15 +76,11 @@ def repro_sections(document: Mapping[str, Any]) -> list[str]:
     """Each failed row's commands (its ``repro``), as markdown."""
     lines: list[str] = []
     for result in document.get("results") or []:
-        found = result.get("repro") if isinstance(result, Mapping) else None
-        if not isinstance(found, Mapping):
-            continue
-        try:
-            commands = Repro(**found).lines()
-        except TypeError:  # another perfsuite's fields
+        repro = Repro.of(result.get("repro")) if isinstance(result, Mapping) else None
+        if repro is None:
             continue
         lines += ["", f"#### Reproduce `{result.get('id', '?')}`", "", "```sh"]
-        lines += [f"# {words.split(': ', 1)[0]}\n{words.split(': ', 1)[1]}" for words in commands]
+        lines += [line for label, command in repro.labelled() for line in (f"# {label}", command)]
         lines += ["```"]
     return lines
 

@@ -118,9 +118,5 @@ def _trends(document: Mapping[str, Any], directory: Path) -> list[dict[str, Any]
 
 def repro_lines(found: Any) -> list[str]:
     """A failed result's commands (its ``repro``), each a line; none for an older file or a pass."""
-    if not isinstance(found, Mapping):
-        return []
-    try:
-        return Repro(**found).lines()
-    except TypeError:  # another perfsuite's fields
-        return []
+    repro = Repro.of(found)
+    return repro.lines() if repro is not None else []
