@@ -34,8 +34,9 @@ PLANTED_REGION = "perfsuite::planted_slowdown"
 #: them under the profiler, discarded: the profiler's start-up lands in it). Reading the profiler's
 #: events back costs a rank about 0.2 s per profiled step of a small GPT on one cpu core.
 STEPS = 3
-#: An op's change is listed only beyond this share of the baseline's step time, so that an
-#: unchanged rerun lists nothing (tests/test_opprofile.py checks it on real profiles).
+#: An op's change is listed only when the part of it that a uniform slowdown does not explain
+#: exceeds this share of the baseline's step time, so that an unchanged rerun lists nothing, on a
+#: quiet or a uniformly slower machine (tests/test_opprofile.py checks it on real profiles).
 NOISE_SHARE = 0.10
 #: Lines the failure message leads with.
 LEAD = 3
@@ -176,6 +177,10 @@ class OpChange:
     """None: it no longer runs."""
     base_bytes: float = 0.0
     current_bytes: float = 0.0
+    own_us: float = 0.0
+    """The change a uniform slowdown does not explain: now, less the baseline's time scaled by how
+    much the whole step slowed. A machine that runs every op 2x slower moves no op's own time; a
+    widened matmul moves the matmul's. Equal to the op's change of share times the current step."""
 
     @property
     def delta_us(self) -> float:
@@ -214,16 +219,24 @@ class ProfileDiff:
         return NOISE_SHARE * self.base.unprofiled_step_s * 1e6
 
     def significant(self) -> list[OpChange]:
-        """The changes beyond the noise threshold, largest increase first."""
-        return [c for c in self.changes if abs(c.delta_us) > self.noise_us]
+        """The changes whose own part (what a uniform slowdown does not explain) is beyond the noise
+        threshold, largest increase first (an op that explains more of the added time leads)."""
+        return [c for c in self.changes if abs(c.own_us) > self.noise_us]
+
+    def grown(self) -> list[OpChange]:
+        """The ops the diff blames: their own part grew beyond the noise threshold."""
+        return [c for c in self.significant() if c.own_us > 0]
 
     def lead(self) -> str:
         """The failure message's first line: the ops that explain most of the added time."""
-        grown = [c for c in self.significant() if c.delta_us > 0][:LEAD]
+        grown = self.grown()[:LEAD]
         if not grown:
+            alike = (
+                f"; every op slowed alike, the step {self.slowdown_us / 1000:+.3g} ms" if self.slowdown_us > 0 else ""
+            )
             return (
-                f"op profile: no op changed by more than {NOISE_SHARE:.0%} of the baseline's step time "
-                f"({self.noise_us / 1000:.3g} ms)"
+                f"op profile: no op's share of the step grew by more than {NOISE_SHARE:.0%} of the baseline's "
+                f"step time ({self.noise_us / 1000:.3g} ms){alike}"
             )
         explained = sum(c.delta_us for c in grown)
         share = (
@@ -252,6 +265,7 @@ class ProfileDiff:
             "noise_us": self.noise_us,
             "slowdown_us": self.slowdown_us,
             "changes": [{**dataclasses.asdict(c), "delta_us": c.delta_us} for c in self.changes[:TOP_OPS]],
+            "grown": [c.name for c in self.grown()],
         }
 
 
@@ -261,16 +275,20 @@ TABLE_COLUMNS = ("op", "baseline ms/step", "now ms/step", "change ms", "alloc ch
 def diff(base: OpProfile, current: OpProfile) -> ProfileDiff:
     """Every op of either profile, then and now, largest increase in time first."""
     names = list(dict.fromkeys([*(op.name for op in base.ops), *(op.name for op in current.ops)]))
+    slowed = current.unprofiled_step_s / base.unprofiled_step_s if base.unprofiled_step_s > 0 else 1.0
     changes = []
     for name in names:
         then, now = base.op(name), current.op(name)
+        then_us = base.step_us(then) if then else None
+        now_us = current.step_us(now) if now else None
         changes.append(
             OpChange(
                 name,
-                base.step_us(then) if then else None,
-                current.step_us(now) if now else None,
+                then_us,
+                now_us,
                 then.alloc_bytes if then else 0.0,
                 now.alloc_bytes if now else 0.0,
+                own_us=(now_us or 0.0) - (then_us or 0.0) * slowed,
             )
         )
     changes.sort(key=lambda c: c.delta_us, reverse=True)
