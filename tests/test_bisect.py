@@ -370,10 +370,12 @@ def test_a_real_bisect_finds_a_large_slowdown_through_a_busy_pair(
     out = capsys.readouterr().out
     assert code == 0 and doc["first_bad"] == commits[1], out
     assert [s["verdict"] for s in doc["steps"]] == ["regression"]
-    # The planted neighbour was seen, named, and cost one pair, not the verdict.
-    (dropped,) = doc["steps"][0]["ab"][0]["dropped_pairs"]
-    assert dropped.startswith("pair 2: ") and "foreign load: other processes kept" in dropped, dropped
-    assert f"[{busy_in_pair_2[0]}] " in dropped, dropped  # the spinner, by its pid
+    # The planted neighbour was seen, named, and cost its pair, not the verdict. A busy VM may cost
+    # other pairs too (a 0.3-core neighbour of the whole run did, once): the planted one is among them.
+    dropped = doc["steps"][0]["ab"][0]["dropped_pairs"]
+    (planted,) = [d for d in dropped if d.startswith("pair 2: ")] or [dropped]
+    assert "foreign load: other processes kept" in planted, dropped
+    assert f"[{busy_in_pair_2[0]}] " in planted, dropped  # the spinner, by its pid
     assert "s for a quiet host: quiet" in out
     assert worktrees(repo) == 1
 
