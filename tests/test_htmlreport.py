@@ -104,6 +104,15 @@ def test_the_job_summary_opens_with_the_coverage_line_and_its_fixes() -> None:
     lines = summary.markdown({**doc, "coverage": found.to_json()}).splitlines()
     assert lines[2].startswith("**❌ judged 1 of 3 selected scenario(s); not judged: 1 no baseline")
     assert lines[3].startswith("- no_baseline: mp.fp32: record baselines")
+    # A run that judged timing states its modelled chance of a false alarm under the line, here and on the page.
+    said = "false alarms: an unchanged run of these 2 timing-judged rows fails at least one in 0.47% of runs"
+    stated = {**doc, "coverage": found.to_json(), "false_alarms": {"line": said}}
+    assert f"- {said}" in summary.markdown(stated).splitlines()
+    pytest.importorskip("jinja2", reason="the report extra: pip install 'perfsuite[report]'")
+    pytest.importorskip("matplotlib", reason="the report extra: pip install 'perfsuite[report]'")
+    from perfsuite.reports.html.page import render
+
+    assert f'<p class="note">{said}</p>' in render(stated, "results.json")
 
 
 def test_summary_command_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -54,6 +54,10 @@ def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester)
     assert path.read_bytes() == recorded, "a normal run must never rewrite baselines"
     # The recording run may have been the slower one (cold caches): improved is a pass too.
     rerun.stdout.re_match_lines([r".*perfsuite summary \(profile cpu\).*", r"tiny\.fp32\s+ok.*(pass|improved)$"])
+    # The run states its chance of a false alarm, from the model of the rows whose timing it judged.
+    rerun.stdout.fnmatch_lines(["perfsuite false alarms: an unchanged run of these 1 timing-judged row fails *"])
+    alarms = json.loads((project.path / "r.json").read_text())["false_alarms"]
+    assert alarms["rows"] == ["tiny.fp32"] and 0 <= alarms["joint"] <= alarms["bound"] <= 1
 
     doc = json.loads(recorded)
     # 100x, not 10x: with the 80% tolerance a 10x baseline passed once, when the
@@ -84,6 +88,7 @@ def test_update_rerun_then_doctored_baseline_regresses(project: pytest.Pytester)
     path.write_text(json.dumps(doc))
     elsewhere = run(project, f"--perf-json={project.path / 'e.json'}")
     elsewhere.assert_outcomes(passed=1)
+    assert "false_alarms" not in json.loads((project.path / "e.json").read_text()), "no timing judged, no figure"
     elsewhere.stdout.fnmatch_lines(
         [
             r"tiny.fp32*other_machine",

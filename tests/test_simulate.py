@@ -173,6 +173,10 @@ def test_the_command_prints_rates_with_intervals_for_cpu_and_the_h100(
         figures = r"(?:\s+[\d.]+%){4}(?:\s+[\d.]+%){6}(?:\s+\d+\.\d){3}(?:\s+\d+){3}"
         caught = r"\s+\d[\d.]*% \(-[\d.]+%\)\s+\d[\d.]*% \(-[\d.]+%\), \d+\.\d$"
         assert re.search(rf"\.amp{figures}{caught}", section, re.MULTILINE), section
+        # False alarms per run of each tier (the suite collected: both rows are in the pr tier).
+        tiers = section.split("  false alarms per run of each tier's committed rows")[1].splitlines()
+        assert re.match(rf"\s+pr\s+1\s+{INTERVAL}\s+{INTERVAL}\s+[\d.]+%\s+\S+ -> \S+", tiers[2]), tiers
+        assert re.match(r"\s+nightly\s+1\s", tiers[3]), tiers
     assert re.search(r"gate, every 0% trial: observed 2/8 false alarms; .* model rejected", out)
     assert "ab mixed_precision.amp (fixed, 3 pairs)" in out
 
@@ -320,3 +324,30 @@ def test_the_h100_step_spread_is_its_committed_training_rows() -> None:
             spreads += [stored["std"] / stored["mean"]] if isinstance(stored, dict) else []
     assert len(spreads) == 7
     assert PROFILES[H100.name].step_cv.value == pytest.approx(statistics.median(spreads), abs=0.001)
+
+
+def test_a_runs_false_alarms_are_its_rows_failing_together_through_their_shared_session() -> None:
+    """Rows whose steps and launches do not spread fail only by the sessions' offsets: a loss beyond the
+    tolerance of the difference of two N(0, s) offsets, Phi(-tol / (s sqrt 2)) a row (7.9% at tol = 2s).
+    Rows of one run share its offsets, so they fail together: the run's rate is one row's, not the
+    independent 1 - (1 - p)^n, and never above Bonferroni's bound."""
+    from scipy.stats import norm
+
+    from perfsuite.judge.simulate.family import run_false_alarms
+
+    rules = model.Rules(max_cv=1.0, spread_growth=None)
+    row = Row(step_cv=1e-6, launch_cv=0.0, session_cv=0.02, steps=50, baseline_launches=1, tolerance=0.04)
+    expected = norm.cdf(-0.04 / (0.02 * math.sqrt(2)))
+    one = run_false_alarms([("a", row)], rules, draws=40_000)
+    assert one.per_row[0] == pytest.approx(expected, abs=0.006) and one.joint.value == one.per_row[0]
+    three = run_false_alarms([(name, row) for name in "abc"], rules, draws=40_000)
+    assert three.joint.value == pytest.approx(expected, abs=0.006)
+    assert three.independent == pytest.approx(1 - (1 - expected) ** 3, abs=0.015) and three.bound >= three.independent
+    # Without a session offset the rows are independent: the run's rate is the product's.
+    apart = Row(
+        step_cv=1e-6, launch_cv=0.02 * math.sqrt(2), session_cv=0.0, steps=50, baseline_launches=1, tolerance=0.04
+    )
+    loose = run_false_alarms([(name, apart) for name in "abc"], model.Rules(max_cv=1.0, spread_growth=None, confirm=0))
+    assert loose.joint.value == pytest.approx(loose.independent, abs=0.01) and loose.joint.value > 0.1
+    assert [p for _, p in three.worst()] == sorted(three.per_row, reverse=True)
+    assert "fails at least one in" in three.describe() and "3 timing-judged rows" in three.describe()

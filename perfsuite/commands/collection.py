@@ -74,6 +74,11 @@ def collect(paths: Sequence[str], keyword: str | None = None, profile: str | Non
     return found
 
 
+def tiers_of(paths: Sequence[str]) -> dict[str, str]:
+    """Each collected scenario's tier (``--perf-tier``), by id; {} where nothing was collected."""
+    return {scenario_id: scenario.tier for scenario_id, scenario in collect(paths).scenarios.items()}
+
+
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "profile", help="print this machine's profile as the gate picks it (after the repository's conftest hooks)"

@@ -238,8 +238,24 @@ class PerfSession:
     def _judge(self, scenario: BaseScenario, measurement: Measurement, baseline: BaselineEntry | None) -> Judgement:
         env = self.env_of(scenario)
         return judging.judge(
-            scenario, measurement, baseline, self.profile, self.compare, lambda: self.current_fingerprint(env)
+            scenario,
+            measurement,
+            baseline,
+            self.profile,
+            self.compare,
+            lambda: self.current_fingerprint(env),
+            self.family_rows,
         )
+
+    @functools.cached_property
+    def family_rows(self) -> int:
+        """The selected rows with this processor's own baseline: those whose timing the run judges,
+        which together may raise at most ``FAMILY_ALPHA`` false alarms a run (at least 1)."""
+        counted = 0
+        for scenario_id in self.settings.selected:
+            group = scenario_id.partition(".")[0]
+            counted += self.store.own(group, scenario_id) is not None
+        return max(1, counted)
 
     def _record(self, scenario: BaseScenario, result: ScenarioResult) -> Judgement:
         """Record ``result`` as the scenario's baseline, unless it is an OOM nothing expects."""

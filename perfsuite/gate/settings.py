@@ -48,3 +48,4 @@ class RunSettings:
     op_profiles: OpProfileMode = "off"  # when to profile ops (perfsuite.gate.profiling; the plugin: auto)
     count_work: bool = False  # count the gate's launches' step work and judge it (perfsuite.gate.work; plugin: on)
     artifacts_dir: Path = Path("perf-artifacts")  # where traces and allocator snapshots are kept
+    selected: tuple[str, ...] = ()  # the scenario ids the run selected: its family of timing-judged rows

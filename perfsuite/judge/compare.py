@@ -37,6 +37,10 @@ FAILING: frozenset[str] = frozenset(
 )
 #: One-sided significance level for "the drop is real".
 ALPHA = 0.05
+#: The chance an unchanged run may fail at least one of the rows whose timing it judges (issue 57:
+#: the pull-request tier at or below it), held by Bonferroni's bound over the run's rows
+#: (``judging.family_tolerances``).
+FAMILY_ALPHA = 0.05
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ def check_metric(check: MetricCheck) -> MetricCheck:
 
 #: What a note on a verdict says: metrics it left unjudged, the machine that recorded the
 #: baseline, contention, a grown step spread, confirmation measurements, an op profile, the step's work.
-NoteKind = Literal["unjudged", "machine", "contention", "spread", "confirmation", "op_profile", "work"]
+NoteKind = Literal["unjudged", "machine", "contention", "spread", "confirmation", "op_profile", "work", "family"]
 #: Where a note goes in the message: `` [text]`` after it, ``text `` before it, ``; text`` after it,
 #: or on a line of its own after or before it.
 Placement = Literal["bracketed", "before", "clause", "line_after", "line_before"]

@@ -25,6 +25,7 @@ from perfsuite.core.profiles import HardwareProfile
 from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.judge import definition
 from perfsuite.judge.compare import (
+    FAMILY_ALPHA,
     Judgement,
     MetricCheck,
     Note,
@@ -50,10 +51,12 @@ def judge(
     profile: HardwareProfile,
     compare: Callable[[MetricCheck], MetricCheck],
     fingerprint: Callable[[], dict[str, Any]],
+    family_rows: int = 1,
 ) -> Judgement:
     """The verdict on one measurement. ``fingerprint`` gives the stack it ran on; it is
     called only when there is a baseline to compare with (probing another
-    environment's stack takes a subprocess)."""
+    environment's stack takes a subprocess). ``family_rows``: how many rows' timing the run
+    judges (:func:`family_tolerances`)."""
     outcome, metrics = measurement.outcome, measurement.metrics
     if outcome.status == "skipped":
         return Judgement("skipped", outcome.skip_reason)
@@ -74,7 +77,7 @@ def judge(
         return decided or Judgement("no_baseline", "no baseline recorded")
     current = fingerprint()
     machine = identity.compare(baseline.fingerprint, current)
-    judgement = against(scenario, metrics, baseline, profile, compare, machine)
+    judgement = against(scenario, metrics, baseline, profile, compare, machine, family_rows)
     # Every verdict against a baseline names the machine that recorded it, when it is another.
     said = judgement.message
     for note in (n for n in machine.notes() if n not in said):
@@ -89,9 +92,11 @@ def against(
     profile: HardwareProfile,
     compare: Callable[[MetricCheck], MetricCheck],
     machine: identity.Identity,
+    family_rows: int = 1,
 ) -> Judgement:
     """The verdict on trustworthy metrics against their baseline."""
-    tolerances = resolve_tolerances(profile.default_tolerances(scenario.metrics), scenario.tolerances, baseline)
+    own = resolve_tolerances(profile.default_tolerances(scenario.metrics), scenario.tolerances, baseline)
+    tolerances = family_tolerances(own, baseline, profile, family_rows)
     unpicked = definition.unpicked(scenario.picks(), metrics, baseline.extra.get(definition.PICKS))
     judged = [name for name in scenario.metrics if unpicked is None or name not in unpicked.metrics]
     elsewhere = None if profile.timed_on_other_processor else machine.of("processor")
@@ -109,6 +114,8 @@ def against(
             f"profile's limit {profile.max_cv:.0%} ({cause})",
         )
     judgement = judge_metrics(metrics, baseline, tolerances, compare, judged)
+    held = family_held(judgement, own, family_rows)
+    judgement = judgement.noted(held) if held is not None else judgement
     if judgement.verdict == "regression":
         doubt = regression_doubt(scenario, metrics, baseline, profile, judgement, busy)
         if doubt is not None:
@@ -116,6 +123,42 @@ def against(
     else:
         judgement = judge_imbalance(metrics, scenario.max_imbalance) or judgement
     return _unjudged(judgement, unpicked)
+
+
+def family_tolerances(
+    tolerances: dict[str, float], baseline: BaselineEntry, profile: HardwareProfile, rows: int
+) -> dict[str, float]:
+    """The tolerances of a row's timed metrics in a run that judges ``rows`` rows' timing: each raised
+    to the loss an unchanged run exceeds with probability ``FAMILY_ALPHA / rows`` (Bonferroni), so the
+    run as a whole fails at most ``FAMILY_ALPHA`` of unchanged runs. The loss's spread is the model's
+    of this row (``selftest --simulate``): two sessions' offsets, launches and steps. A run of one
+    row keeps the row's own tolerance, and memory and byte counts never move."""
+    if rows <= 1:
+        return tolerances
+    from perfsuite.judge.simulate.rates import row_for  # numpy and scipy: only for a run of several rows
+
+    row = row_for(baseline, profile)
+    if row is None:
+        return tolerances
+    floor = row.family_floor(rows)
+    timed = {name for name in tolerances if name in registry.METRICS and registry.METRICS.get(name).timed}
+    return {name: max(value, floor) if name in timed else value for name, value in tolerances.items()}
+
+
+def family_held(judgement: Judgement, own: Mapping[str, float], rows: int) -> Note | None:
+    """A note where a loss beyond a metric's own tolerance passed because the run judges many rows."""
+    for check in judgement.checks:
+        worse = -check.delta if check.direction == "higher" else check.delta
+        raised = check.tolerance > own.get(check.metric, check.tolerance)
+        if check.outcome == "pass" and raised and own[check.metric] < worse <= check.tolerance:
+            return Note(
+                "family",
+                f"{check.metric} lost {worse:.1%}, beyond its own {own[check.metric]:.1%} but within "
+                f"{check.tolerance:.1%}, the loss this run of {rows} timing-judged rows needs so that an "
+                f"unchanged run fails none of them in {1 - FAMILY_ALPHA:.0%} of runs",
+                "clause",
+            )
+    return None
 
 
 def regression_doubt(

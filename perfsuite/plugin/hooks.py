@@ -138,6 +138,7 @@ def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             op_profiles=config.getoption("--perf-op-profiles"),
             count_work=config.getoption("--perf-work") == "on",
             artifacts_dir=options.artifacts_dir(config),
+            selected=tuple(dict.fromkeys(s.id for s in collection.scenarios(request.session.items))),
             **exitstatus.contention_settings(config),
         )
         guards.check_xdist(config)
@@ -256,7 +257,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         **({"contention_limits": perf.profile.contention_limits()} if perf else {}),
         **({"coverage": found.to_json()} if found is not None else {}),
         **({"nodeids": dict(sorted(config.stash[NODEIDS_KEY].items()))} if NODEIDS_KEY in config.stash else {}),
-        **mode.results_json(),
+        **mode.results_json(perf),
     )
     if path:
         try:

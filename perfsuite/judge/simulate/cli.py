@@ -8,17 +8,18 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
 from perfsuite.core.profiles import CPU, HardwareProfile, gpu_profile
+from perfsuite.core.workloads import TIERS
 from perfsuite.judge import sequential
 from perfsuite.judge.sequential import Design
-from perfsuite.judge.simulate import model, realgate, trials
+from perfsuite.judge.simulate import family, model, realgate, trials
 from perfsuite.judge.simulate.noise import (
     PROFILES,
     ProfileNoise,
@@ -60,9 +61,11 @@ class Options:
     histories: int = 20_000
     """Simulated histories of the committed trials."""
     observed: tuple[trials.Trials, ...] = trials.COMMITTED
+    tiers: Mapping[str, str] = field(default_factory=dict)
+    """Scenario id -> its tier, as collecting the suite found them (empty: not collected)."""
 
 
-def options(ns: argparse.Namespace) -> Options:
+def options(ns: argparse.Namespace, tiers: Mapping[str, str] | None = None) -> Options:
     chosen = tuple(name for given in ns.profile or () for name in given.split(",")) or tuple(PROFILES)
     max_pairs = ns.max_pairs or sequential.MAX_PAIRS
     Design(FINE_EFFECT, max_pairs=max_pairs)  # its ValueError names the limits
@@ -75,12 +78,14 @@ def options(ns: argparse.Namespace) -> Options:
         ns.seed,
         min(1000, ns.draws),
         min(ROW_DRAWS, ns.draws),
+        tiers=dict(tiers or {}),
     )
 
 
-def run(ns: argparse.Namespace) -> int:
+def run(ns: argparse.Namespace, tiers: Mapping[str, str] | None = None) -> int:
+    """``tiers``: each collected scenario's tier, for the false alarms per run of each tier."""
     try:
-        chosen = options(ns)
+        chosen = options(ns, tiers)
         for name in chosen.profiles:
             noise_of(name)
         if not chosen.baselines.is_dir():
@@ -114,6 +119,7 @@ def report(chosen: Options) -> Iterator[str]:
         yield from ab_tables(noise, profile, chosen)
         yield from observed(noise, profile, chosen)
         yield from detectable_table(noise, profile, chosen)
+        yield from false_alarms_table(noise, profile, chosen)
 
 
 def hardware(noise: ProfileNoise) -> HardwareProfile:
@@ -318,4 +324,49 @@ def detectable_table(noise: ProfileNoise, profile: HardwareProfile, chosen: Opti
         )
 
 
-__all__ = ["LEVELS", "Options", "options", "report", "run"]
+def false_alarms_table(noise: ProfileNoise, profile: HardwareProfile, chosen: Options) -> Iterator[str]:
+    """Per tier, the chance an unchanged run of its committed rows fails at least one of them, with each
+    row at its own tolerance and with the family's floor the gate adds (``judging.family_tolerances``),
+    and what that floor costs: the median row's smallest slowdown caught 9 times in 10, both ways."""
+    rows = [(scenario, row) for scenario, row, _ in committed_rows(noise, profile, chosen.baselines)]
+    if not rows:
+        return
+    draws = min(family.DRAWS, chosen.draws)
+    yield (
+        f"  false alarms per run of each tier's committed rows ({draws:,} unchanged runs; every row of a run in its "
+        f"session, its baselines in theirs; target {family.TARGET:.0%}): at least one false alarm with each row at "
+        "its own tolerance, then with the family's floor (Bonferroni over the run's rows, as the gate judges), "
+        "Bonferroni's bound on the latter, and the median row's smallest slowdown caught 9 times in 10, both ways"
+    )
+    if not chosen.tiers:
+        yield "    (the suite was not collected, so its tiers are unknown: every committed row as one run)"
+    yield f"    {'tier':<9}{'rows':>5}  {'own tolerances':<24}{'family floor':<24}{'bound':>7}  {'caught: own -> family':<24}"
+    for tier in TIERS if chosen.tiers else ("every",):
+        allowed = set(TIERS[: TIERS.index(tier) + 1]) if chosen.tiers else set()
+        chosen_rows = [(name, row) for name, row in rows if not chosen.tiers or chosen.tiers.get(name) in allowed]
+        if not chosen_rows:
+            continue
+        alone = model.Rules.of(profile)
+        together = model.Rules.of(profile, family_rows=len(chosen_rows))
+        own = family.run_false_alarms(chosen_rows, alone, draws, chosen.seed)
+        held = family.run_false_alarms(chosen_rows, together, draws, chosen.seed)
+        over = "  OVER TARGET" if held.figure > family.TARGET else ""
+        cost = f"{_median_caught(chosen_rows, alone)} -> {_median_caught(chosen_rows, together)}"
+        yield (
+            f"    {tier:<9}{len(chosen_rows):>5}  {own.joint.show():<24}{held.joint.show():<24}"
+            f"{small(held.bound):>7}  {cost:<24}{over}"
+        )
+
+
+def small(x: float) -> str:
+    """A rate as percent, with the digits a small one needs."""
+    return f"{x:.2%}" if x < 0.1 else f"{x:.0%}"
+
+
+def _median_caught(rows: Sequence[tuple[str, Row]], rules: model.Rules) -> str:
+    found = [detectable(row, rules, 2000) for _, row in rows]
+    caught = [x for x in found if x is not None]
+    return share(float(np.median(caught))) if caught else "none"
+
+
+__all__ = ["LEVELS", "Options", "false_alarms_table", "options", "report", "run"]

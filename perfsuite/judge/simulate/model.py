@@ -50,10 +50,13 @@ class Rules:
     max_cv: float
     spread_growth: float | None
     confirm: int = 1
+    family_rows: int = 1
+    """Rows whose timing the run judges: a row fails only beyond the family's floor too
+    (``Row.judged_tolerance``)."""
 
     @classmethod
-    def of(cls, profile: HardwareProfile, confirm: int = 1) -> Rules:
-        return cls(profile.max_cv, profile.max_spread_growth, confirm)
+    def of(cls, profile: HardwareProfile, confirm: int = 1, family_rows: int = 1) -> Rules:
+        return cls(profile.max_cv, profile.max_spread_growth, confirm, family_rows)
 
 
 def launches(row: Row, level: Array, rng: np.random.Generator, shape: tuple[int, ...]) -> Summaries:
@@ -138,17 +141,19 @@ def gate_draws(row: Row, rules: Rules, rng: np.random.Generator, size: int) -> G
 
 
 def gate_verdicts(draws: GateDraws, row: Row, rules: Rules, slowdown: float) -> NDArray[np.int64]:
-    return confirmed([judge(draws.base, a, row.tolerance, rules) for a in draws.at(slowdown)])
+    tolerance = row.judged_tolerance(rules.family_rows)
+    return confirmed([judge(draws.base, a, tolerance, rules) for a in draws.at(slowdown)])
 
 
 def final_delta(draws: GateDraws, row: Row, rules: Rules, slowdown: float) -> Array:
     """The change the verdict rests on (the last attempt taken), as ``selftest`` records it."""
     attempts = draws.at(slowdown)
+    tolerance = row.judged_tolerance(rules.family_rows)
     taken = np.zeros(draws.base.mean.shape, dtype=np.int64)
-    open_ = judge(draws.base, attempts[0], row.tolerance, rules) == REGRESSION
+    open_ = judge(draws.base, attempts[0], tolerance, rules) == REGRESSION
     for k, attempt in enumerate(attempts[1:], 1):
         taken = np.where(open_, k, taken)
-        open_ &= judge(draws.base, attempt, row.tolerance, rules) == REGRESSION
+        open_ &= judge(draws.base, attempt, tolerance, rules) == REGRESSION
     means = np.stack([a.mean for a in attempts])
     return np.take_along_axis(means, taken[None, :], 0)[0] / draws.base.mean - 1
 

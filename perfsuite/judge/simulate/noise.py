@@ -14,7 +14,7 @@ from typing import Any
 
 from perfsuite.core.profiles import HardwareProfile
 from perfsuite.judge.calibration import tolerance
-from perfsuite.judge.compare import resolve_tolerances
+from perfsuite.judge.compare import FAMILY_ALPHA, resolve_tolerances
 from perfsuite.store.baselines import BaselineEntry
 
 
@@ -121,6 +121,27 @@ class Row:
     def launch_mean_cv(self) -> float:
         """CV of one launch's mean: the launch offset and the step noise averaged over its steps."""
         return math.hypot(self.launch_cv, self.step_cv / math.sqrt(self.steps))
+
+    @property
+    def change_cv(self) -> float:
+        """Spread of an unchanged run's change against its baseline: two sessions' offsets, the run's
+        launch and steps, and the baseline's launches and steps, pooled."""
+        run = self.launch_mean_cv
+        base = math.hypot(self.launch_cv, self.step_cv / math.sqrt(self.steps)) / math.sqrt(self.baseline_launches)
+        return math.sqrt(2 * self.session_cv**2 + run**2 + base**2)
+
+    def family_floor(self, rows: int) -> float:
+        """The loss an unchanged run exceeds with probability ``FAMILY_ALPHA / rows``: Bonferroni's
+        level for a run that judges ``rows`` rows' timing, so that all of them together raise a false
+        alarm in at most ``FAMILY_ALPHA`` of unchanged runs (the model's normal offsets)."""
+        from scipy.stats import norm  # scipy: only where a run judges several rows
+
+        return float(norm.isf(FAMILY_ALPHA / max(1, rows))) * self.change_cv
+
+    def judged_tolerance(self, rows: int) -> float:
+        """The loss this row fails beyond in a run of ``rows`` timing-judged rows: its tolerance, or the
+        family's floor where that is larger (``judging.family_tolerances``; a run of one row keeps its own)."""
+        return max(self.tolerance, self.family_floor(rows)) if rows > 1 else self.tolerance
 
 
 def calibrated_tolerance(noise: ProfileNoise, profile: HardwareProfile, metric: str) -> float:

@@ -130,7 +130,7 @@ def minimum_detectable(
         design = Design(min_effect or min_effect_of(baseline, profile)[0], max_pairs=pairs)
         found = ab_minimum_detectable(baseline, profile, design, noise)
         return None if found is None else found.slowdown
-    row = _row(baseline, profile, noise)
+    row = row_for(baseline, profile, noise)
     return None if row is None else detectable(row, model.Rules.of(profile, confirm))
 
 
@@ -140,13 +140,13 @@ def ab_minimum_detectable(
     """The sequential A/B's smallest slowdown caught 9 times in 10 on a scenario, from its own stored
     spread, and the pairs that costs on average; ``design`` defaults to the A/B's (at most 8 pairs)
     at the scenario's minimum effect (its own where its baseline records one, else the profile's)."""
-    row = _row(baseline, profile, noise)
+    row = row_for(baseline, profile, noise)
     if row is None:
         return None
     return ab_detectable(row, design or Design(min_effect_of(baseline, profile)[0]))
 
 
-def _row(baseline: BaselineEntry, profile: HardwareProfile, noise: ProfileNoise | None = None) -> Row | None:
+def row_for(baseline: BaselineEntry, profile: HardwareProfile, noise: ProfileNoise | None = None) -> Row | None:
     """The baseline's primary metric as a modelled row (None where it stores no usable mean)."""
     metric = primary_of(baseline)
     if metric is None or not float(baseline.metrics[metric].get("mean") or 0):
@@ -170,7 +170,7 @@ def sensitivity(
     smallest slowdown caught 9 times in 10 by the stored-baseline gate and by the sequential A/B
     (``ab-rev``, ``--perf-ab``) of the default design, with the pairs that A/B spends on average.
     ``min_effect``: the scenario's own (default: recorded in its baseline, else the profile's)."""
-    row = _row(baseline, profile)
+    row = row_for(baseline, profile)
     if row is None:
         return ""
     gate = detectable(row, model.Rules.of(profile, confirm))

@@ -159,7 +159,7 @@ class ABMode(Mode):
             return ""
         return f"{FLAG}: no scenario was compared in both environments, so this A/B proves nothing and exits non-zero"
 
-    def results_json(self) -> Mapping[str, Any]:
+    def results_json(self, session: PerfSession | None = None) -> Mapping[str, Any]:
         return {"ab": [r.to_json() for r in self.results]}
 
 

@@ -87,7 +87,7 @@ class Mode(ABC):
         """Why this run measured nothing and must exit non-zero ("" when it measured something)."""
         return ""
 
-    def results_json(self) -> Mapping[str, Any]:
+    def results_json(self, session: PerfSession | None = None) -> Mapping[str, Any]:
         """This mode's top-level keys in the results file."""
         return {}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -12,7 +13,7 @@ from perfsuite.core.relations import Relation, RelationOutcome
 from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.judge import repro
 from perfsuite.judge.compare import FAILING
-from perfsuite.judge.coverage import Outcome, kinds_judged
+from perfsuite.judge.coverage import JUDGED, Outcome, kinds_judged
 from perfsuite.launch.devicelock import DeviceBusy
 from perfsuite.plugin import exitstatus, options
 from perfsuite.plugin.modes.base import Mode, say_nothing_measured
@@ -22,6 +23,7 @@ from perfsuite.store.baselines import BaselineError
 
 if TYPE_CHECKING:
     from perfsuite.gate.session import PerfSession, ScenarioResult
+    from perfsuite.judge.simulate.family import RunFalseAlarms
 
 
 class StaleBaselineWarning(UserWarning):
@@ -38,6 +40,10 @@ def run_or_fail(session: PerfSession, scenario: BaseScenario) -> ScenarioResult:
 
 class BaselineMode(Mode):
     """Measure, judge against the stored baseline, and (on request) record it."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        super().__init__(config)
+        self._alarms: tuple[RunFalseAlarms | None] | None = None
 
     def check(self, session: PerfSession, scenario: BaseScenario, nodeid: str) -> ScenarioResult:
         result = run_or_fail(session, scenario)
@@ -108,8 +114,37 @@ class BaselineMode(Mode):
             for line in relation_lines(session.relations.values()):
                 terminalreporter.write_line(line)
         self._sensitivity(terminalreporter, session)
+        alarms = self.false_alarms(session)
+        if alarms is not None:
+            terminalreporter.write_line(f"perfsuite {alarms.describe()}")
         self._ranking(terminalreporter, session)
         say_nothing_measured(terminalreporter, self.nothing_measured(session))
+
+    def false_alarms(self, session: PerfSession | None) -> RunFalseAlarms | None:
+        """The chance that a run of the rows whose timing this one judged fails one with no change
+        (computed once: the summary and the results file both state it)."""
+        if session is None:
+            return None
+        if self._alarms is None:
+            from perfsuite.judge.simulate import family  # numpy and scipy: only once a run judged timing
+
+            held = exitstatus.entries_of(self.config)
+            judged = [
+                (r.scenario.id, r.baseline)
+                for r in session.results.values()
+                if r.baseline is not None
+                and r.scenario.id not in held
+                and r.verdict in JUDGED
+                and kinds_judged((check.metric for check in r.judgement.checks), r.verdict)[0]
+            ]
+            self._alarms = (
+                (family.of_baselines(judged, session.profile, session.settings.confirm),) if judged else (None,)
+            )
+        return self._alarms[0]
+
+    def results_json(self, session: PerfSession | None = None) -> Mapping[str, Any]:
+        alarms = self.false_alarms(session)
+        return {"false_alarms": alarms.to_json()} if alarms is not None else {}
 
     def _sensitivity(self, terminalreporter: Any, session: PerfSession) -> None:
         """After recording, what each new baseline lets the gate see: a team learns the smallest drop it

@@ -113,5 +113,5 @@ class MaxBatchMode(Mode):
             "so this run found nothing and exits non-zero"
         )
 
-    def results_json(self) -> Mapping[str, Any]:
+    def results_json(self, session: PerfSession | None = None) -> Mapping[str, Any]:
         return {"max_batch": [r.to_json() for r in self.results.values()]}

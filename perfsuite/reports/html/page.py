@@ -35,6 +35,7 @@ def render(document: Mapping[str, Any], source: str, history: Path | None = None
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         headline=res.headline(document),
         coverage=document.get("coverage"),
+        false_alarms=(document.get("false_alarms") or {}).get("line", ""),
         machine=_machine(document.get("machine") or {}),
         columns=summary.columns(document),
         rows=list(zip(summary.rows(document), (res.style(r["verdict"]) for r in document["results"]), strict=True)),

@@ -79,6 +79,7 @@ TOP_SHAPES: Mapping[str, Shape] = {
     "ranking": (dict, dict),
     "ceilings": (dict, dict),
     "nodeids": (dict, None),
+    "false_alarms": (dict, None),
 }
 RESULT_SHAPES: Mapping[str, Shape] = {
     "metrics": (dict, None),

@@ -123,6 +123,8 @@ def markdown(document: Mapping[str, Any]) -> str:
     if coverage:  # the gate's own verdict on what it could judge, above the rows
         mark = MARKS["good"] if coverage.get("ok") else MARKS["bad"]
         notes = [*coverage.get("fixes", []), *coverage.get("notes", [])]
+        alarms = (document.get("false_alarms") or {}).get("line")
+        notes += [alarms] if alarms else []
         lines += [f"**{mark} {coverage.get('line', '')}**", *(f"- {note}" for note in notes), ""]
     lines += _table(columns(document), body)
     relations = document.get("relations") or []
