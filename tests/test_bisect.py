@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -376,7 +377,9 @@ def test_a_real_bisect_finds_a_large_slowdown_through_a_busy_pair(
     (planted,) = [d for d in dropped if d.startswith("pair 2: ")] or [dropped]
     assert "foreign load: other processes kept" in planted, dropped
     assert f"[{busy_in_pair_2[0]}] " in planted, dropped  # the spinner, by its pid
-    assert "s for a quiet host: quiet" in out
+    # It waited for a quiet host; whether one came is the VM's (a neighbour above cpu's 0.25-core
+    # limit through the whole run keeps it busy: "still busy", and the verdict still stands).
+    assert re.search(r"waited \d+ s for a quiet host: (quiet|still busy)", out), out
     assert worktrees(repo) == 1
 
 
