@@ -336,7 +336,7 @@ def dispatch(parser: argparse.ArgumentParser, ns: argparse.Namespace, extra: lis
 
             if extra:
                 parser.error(f"selftest --simulate: unrecognized arguments: {' '.join(extra)}")
-            return simulate(ns, collection.tiers_of(ns.paths))
+            return simulate(ns, lambda: collection.tiers_of(ns.paths))
         if not ns.keyword:
             parser.error("selftest: -k is required (unless --simulate)")
         # --perf-profile is pytest's too: a real self-test passes it on.

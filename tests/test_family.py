@@ -14,7 +14,7 @@ from perfsuite.judge.compare import FAMILY_ALPHA, check_metric
 from perfsuite.judge.judging import family_tolerances, judge
 from perfsuite.judge.simulate import model
 from perfsuite.judge.simulate.cli import committed_rows
-from perfsuite.judge.simulate.family import run_false_alarms
+from perfsuite.judge.simulate.family import floor_for, run_false_alarms
 from perfsuite.judge.simulate.model import Summaries
 from perfsuite.judge.simulate.noise import noise_of
 from perfsuite.judge.simulate.rates import row_for
@@ -31,9 +31,12 @@ def test_the_gates_family_floor_is_the_models_and_leaves_memory_alone() -> None:
     row = row_for(entry, H100)
     assert row is not None
     own = {"samples_per_s": 0.03, "peak_mem_mib": 0.05}
-    assert family_tolerances(own, entry, H100, 1) == own, "a run of one row keeps the row's own tolerance"
-    raised = family_tolerances(own, entry, H100, 21)
-    assert raised["samples_per_s"] == pytest.approx(row.judged_tolerance(21)) and raised["samples_per_s"] > 0.03
+    assert floor_for(entry, H100, 1) is None, "a run of one row keeps the row's own tolerance"
+    assert family_tolerances(own, None) == own
+    family = floor_for(entry, H100, 21)
+    assert family is not None and family.floor == pytest.approx(row.judged_tolerance(21))
+    raised = family_tolerances(own, family)
+    assert raised["samples_per_s"] == family.floor > 0.03
     assert raised["peak_mem_mib"] == 0.05, "memory does not jitter with the session: never raised"
     assert row.family_floor(21) > row.family_floor(5) > row.family_floor(2), "more rows, a higher floor"
 
@@ -45,7 +48,8 @@ def test_a_loss_within_the_family_floor_passes_with_a_note_and_fails_in_a_run_of
     measured = _measurement(95.5, 1.0, 60)
 
     def verdict(rows: int) -> tuple[str, str]:
-        found = judge(SCENARIO, measured, baseline, H100, check_metric, lambda: FINGERPRINT, rows)
+        family = floor_for(baseline, H100, rows)
+        found = judge(SCENARIO, measured, baseline, H100, check_metric, lambda: FINGERPRINT, family)
         return found.verdict, found.message
 
     assert verdict(1)[0] == "regression"

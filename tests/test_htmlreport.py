@@ -187,8 +187,13 @@ def test_report_without_matplotlib_names_the_extra(
 ) -> None:
     path = tmp_path / "results.json"
     path.write_text(json.dumps(document()))
+    import perfsuite.reports.html as package
+
     for module in ("perfsuite.reports.html.page", "perfsuite.reports.html.plots"):
         monkeypatch.delitem(sys.modules, module, raising=False)
+        # `from perfsuite.reports.html import page` reads the package's attribute first: an earlier
+        # test's import left it there.
+        monkeypatch.delattr(package, module.rsplit(".", 1)[1], raising=False)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     assert main(["report", str(path), "-o", str(tmp_path / "page.html")]) == 2
     assert "pip install 'perfsuite[report]'" in capsys.readouterr().err

@@ -30,7 +30,7 @@ from perfsuite.gate.settings import RunSettings
 from perfsuite.gate.work import WorkGate, counted
 from perfsuite.judge import definition, judging
 from perfsuite.judge.ceilings import Ceilings
-from perfsuite.judge.compare import FAILING, Judgement, MetricCheck, Note, check_metric
+from perfsuite.judge.compare import FAILING, FamilyFloor, Judgement, MetricCheck, Note, check_metric
 from perfsuite.judge.contention import Quiet, wait_for_quiet
 from perfsuite.judge.explain import Explanation
 from perfsuite.judge.results import (
@@ -244,8 +244,16 @@ class PerfSession:
             self.profile,
             self.compare,
             lambda: self.current_fingerprint(env),
-            self.family_rows,
+            self._family_floor(baseline),
         )
+
+    def _family_floor(self, baseline: BaselineEntry | None) -> FamilyFloor | None:
+        """The floor a row's timing is judged with in this run of ``family_rows`` timing-judged rows."""
+        if baseline is None or self.family_rows <= 1:
+            return None
+        from perfsuite.judge.simulate.family import floor_for  # numpy and scipy: only for a run of several rows
+
+        return floor_for(baseline, self.profile, self.family_rows)
 
     @functools.cached_property
     def family_rows(self) -> int:

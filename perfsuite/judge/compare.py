@@ -44,6 +44,16 @@ FAMILY_ALPHA = 0.05
 
 
 @dataclass(frozen=True)
+class FamilyFloor:
+    """The loss a row's timed metrics fail beyond, at least, in a run that judges ``rows`` rows'
+    timing: the loss an unchanged run of this row exceeds with probability ``FAMILY_ALPHA / rows``
+    (Bonferroni; ``perfsuite.judge.simulate.family.floor_for`` computes it from the row's model)."""
+
+    rows: int
+    floor: float
+
+
+@dataclass(frozen=True)
 class MetricCheck:
     """One metric compared with its baseline value."""
 

@@ -26,6 +26,7 @@ from perfsuite.core.workloads.base import BaseScenario
 from perfsuite.judge import definition
 from perfsuite.judge.compare import (
     FAMILY_ALPHA,
+    FamilyFloor,
     Judgement,
     MetricCheck,
     Note,
@@ -51,12 +52,12 @@ def judge(
     profile: HardwareProfile,
     compare: Callable[[MetricCheck], MetricCheck],
     fingerprint: Callable[[], dict[str, Any]],
-    family_rows: int = 1,
+    family: FamilyFloor | None = None,
 ) -> Judgement:
     """The verdict on one measurement. ``fingerprint`` gives the stack it ran on; it is
     called only when there is a baseline to compare with (probing another
-    environment's stack takes a subprocess). ``family_rows``: how many rows' timing the run
-    judges (:func:`family_tolerances`)."""
+    environment's stack takes a subprocess). ``family``: the floor of a run that judges several
+    rows' timing (:func:`family_tolerances`)."""
     outcome, metrics = measurement.outcome, measurement.metrics
     if outcome.status == "skipped":
         return Judgement("skipped", outcome.skip_reason)
@@ -77,7 +78,7 @@ def judge(
         return decided or Judgement("no_baseline", "no baseline recorded")
     current = fingerprint()
     machine = identity.compare(baseline.fingerprint, current)
-    judgement = against(scenario, metrics, baseline, profile, compare, machine, family_rows)
+    judgement = against(scenario, metrics, baseline, profile, compare, machine, family)
     # Every verdict against a baseline names the machine that recorded it, when it is another.
     said = judgement.message
     for note in (n for n in machine.notes() if n not in said):
@@ -92,11 +93,11 @@ def against(
     profile: HardwareProfile,
     compare: Callable[[MetricCheck], MetricCheck],
     machine: identity.Identity,
-    family_rows: int = 1,
+    family: FamilyFloor | None = None,
 ) -> Judgement:
     """The verdict on trustworthy metrics against their baseline."""
     own = resolve_tolerances(profile.default_tolerances(scenario.metrics), scenario.tolerances, baseline)
-    tolerances = family_tolerances(own, baseline, profile, family_rows)
+    tolerances = family_tolerances(own, family)
     unpicked = definition.unpicked(scenario.picks(), metrics, baseline.extra.get(definition.PICKS))
     judged = [name for name in scenario.metrics if unpicked is None or name not in unpicked.metrics]
     elsewhere = None if profile.timed_on_other_processor else machine.of("processor")
@@ -114,7 +115,7 @@ def against(
             f"profile's limit {profile.max_cv:.0%} ({cause})",
         )
     judgement = judge_metrics(metrics, baseline, tolerances, compare, judged)
-    held = family_held(judgement, own, family_rows)
+    held = family_held(judgement, own, family)
     judgement = judgement.noted(held) if held is not None else judgement
     if judgement.verdict == "regression":
         doubt = regression_doubt(scenario, metrics, baseline, profile, judgement, busy)
@@ -125,28 +126,20 @@ def against(
     return _unjudged(judgement, unpicked)
 
 
-def family_tolerances(
-    tolerances: dict[str, float], baseline: BaselineEntry, profile: HardwareProfile, rows: int
-) -> dict[str, float]:
-    """The tolerances of a row's timed metrics in a run that judges ``rows`` rows' timing: each raised
-    to the loss an unchanged run exceeds with probability ``FAMILY_ALPHA / rows`` (Bonferroni), so the
-    run as a whole fails at most ``FAMILY_ALPHA`` of unchanged runs. The loss's spread is the model's
-    of this row (``selftest --simulate``): two sessions' offsets, launches and steps. A run of one
-    row keeps the row's own tolerance, and memory and byte counts never move."""
-    if rows <= 1:
+def family_tolerances(tolerances: dict[str, float], family: FamilyFloor | None) -> dict[str, float]:
+    """The tolerances of a row's timed metrics in a run that judges several rows' timing: each raised
+    to the family's floor, so the run as a whole fails at most ``FAMILY_ALPHA`` of unchanged runs.
+    Memory and byte counts never move."""
+    if family is None:
         return tolerances
-    from perfsuite.judge.simulate.rates import row_for  # numpy and scipy: only for a run of several rows
-
-    row = row_for(baseline, profile)
-    if row is None:
-        return tolerances
-    floor = row.family_floor(rows)
     timed = {name for name in tolerances if name in registry.METRICS and registry.METRICS.get(name).timed}
-    return {name: max(value, floor) if name in timed else value for name, value in tolerances.items()}
+    return {name: max(value, family.floor) if name in timed else value for name, value in tolerances.items()}
 
 
-def family_held(judgement: Judgement, own: Mapping[str, float], rows: int) -> Note | None:
+def family_held(judgement: Judgement, own: Mapping[str, float], family: FamilyFloor | None) -> Note | None:
     """A note where a loss beyond a metric's own tolerance passed because the run judges many rows."""
+    if family is None:
+        return None
     for check in judgement.checks:
         worse = -check.delta if check.direction == "higher" else check.delta
         raised = check.tolerance > own.get(check.metric, check.tolerance)
@@ -154,7 +147,7 @@ def family_held(judgement: Judgement, own: Mapping[str, float], rows: int) -> No
             return Note(
                 "family",
                 f"{check.metric} lost {worse:.1%}, beyond its own {own[check.metric]:.1%} but within "
-                f"{check.tolerance:.1%}, the loss this run of {rows} timing-judged rows needs so that an "
+                f"{check.tolerance:.1%}, the loss this run of {family.rows} timing-judged rows needs so that an "
                 f"unchanged run fails none of them in {1 - FAMILY_ALPHA:.0%} of runs",
                 "clause",
             )

@@ -5,6 +5,7 @@ detectable slowdown."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -65,7 +66,7 @@ class Options:
     """Scenario id -> its tier, as collecting the suite found them (empty: not collected)."""
 
 
-def options(ns: argparse.Namespace, tiers: Mapping[str, str] | None = None) -> Options:
+def options(ns: argparse.Namespace) -> Options:
     chosen = tuple(name for given in ns.profile or () for name in given.split(",")) or tuple(PROFILES)
     max_pairs = ns.max_pairs or sequential.MAX_PAIRS
     Design(FINE_EFFECT, max_pairs=max_pairs)  # its ValueError names the limits
@@ -78,14 +79,14 @@ def options(ns: argparse.Namespace, tiers: Mapping[str, str] | None = None) -> O
         ns.seed,
         min(1000, ns.draws),
         min(ROW_DRAWS, ns.draws),
-        tiers=dict(tiers or {}),
     )
 
 
-def run(ns: argparse.Namespace, tiers: Mapping[str, str] | None = None) -> int:
-    """``tiers``: each collected scenario's tier, for the false alarms per run of each tier."""
+def run(ns: argparse.Namespace, tiers: Callable[[], Mapping[str, str]] | None = None) -> int:
+    """``tiers``: collects each scenario's tier, for the false alarms per run of each tier (called
+    once the options are known good: collecting the suite takes seconds)."""
     try:
-        chosen = options(ns, tiers)
+        chosen = options(ns)
         for name in chosen.profiles:
             noise_of(name)
         if not chosen.baselines.is_dir():
@@ -93,6 +94,7 @@ def run(ns: argparse.Namespace, tiers: Mapping[str, str] | None = None) -> int:
     except ValueError as exc:
         print(f"perfsuite selftest --simulate: {exc}", file=sys.stderr)
         return 2
+    chosen = dataclasses.replace(chosen, tiers=dict(tiers()) if tiers is not None else {})
     started = time.perf_counter()
     try:
         for line in report(chosen):

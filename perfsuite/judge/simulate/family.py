@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfsuite.core.profiles import HardwareProfile
-from perfsuite.judge.compare import FAMILY_ALPHA
+from perfsuite.judge.compare import FAMILY_ALPHA, FamilyFloor
 from perfsuite.judge.simulate import model
 from perfsuite.judge.simulate.noise import Row
 from perfsuite.judge.simulate.rates import Rate, rate, row_for
@@ -103,6 +103,13 @@ def of_baselines(
     no baseline stores the spread a row is modelled by)."""
     rows = [(name, row) for name, entry in judged if (row := row_for(entry, profile)) is not None]
     return run_false_alarms(rows, model.Rules.of(profile, confirm, len(rows))) if rows else None
+
+
+def floor_for(baseline: BaselineEntry, profile: HardwareProfile, rows: int) -> FamilyFloor | None:
+    """The floor of a row's timed tolerances in a run that judges ``rows`` rows' timing, from the row's
+    model (``Row.family_floor``); None for a run of one row, or a baseline with no spread to model."""
+    row = row_for(baseline, profile) if rows > 1 else None
+    return FamilyFloor(rows, row.family_floor(rows)) if row is not None else None
 
 
 def _pct(x: float) -> str:
