@@ -72,6 +72,11 @@ class MetricCheck:
         """Relative change, signed: +0.10 means 10% more than the baseline."""
         return (self.current - self.baseline) / self.baseline if self.baseline else 0.0
 
+    @property
+    def worse(self) -> float:
+        """The change for the worse, by the metric's direction: +0.10 is 10% worse."""
+        return -self.delta if self.direction == "higher" else self.delta
+
     def describe(self) -> str:
         p = f", p={self.p_value:.3g}" if self.p_value is not None else ""
         return (
@@ -83,7 +88,7 @@ class MetricCheck:
 def check_metric(check: MetricCheck) -> MetricCheck:
     """Default comparison: a regression is a change for the worse beyond the
     tolerance that is also significant (p < ALPHA) where it was tested."""
-    worse = -check.delta if check.direction == "higher" else check.delta
+    worse = check.worse
     significant = check.p_value is None or check.p_value < ALPHA
     if worse > check.tolerance and significant:
         return replace(check, outcome="regression")

@@ -141,7 +141,7 @@ def family_held(judgement: Judgement, own: Mapping[str, float], family: FamilyFl
     if family is None:
         return None
     for check in judgement.checks:
-        worse = -check.delta if check.direction == "higher" else check.delta
+        worse = check.worse
         raised = check.tolerance > own.get(check.metric, check.tolerance)
         if check.outcome == "pass" and raised and own[check.metric] < worse <= check.tolerance:
             return Note(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from perfsuite.core.relations import Relation
-from perfsuite.core.workloads import TIERS, BaseScenario
+from perfsuite.core.workloads import TIERS, BaseScenario, tiers_up_to
 
 OPTION = "--perf-tier"
 
@@ -30,7 +30,7 @@ def deselect(config: pytest.Config, items: list[pytest.Item]) -> None:
     tier = config.getoption(OPTION)
     if tier is None:
         return
-    allowed = set(TIERS[: TIERS.index(tier) + 1])
+    allowed = tiers_up_to(tier)
     dropped = [item for item in items if _tier(item) not in allowed]
     if dropped:
         config.hook.pytest_deselected(items=dropped)

@@ -16,7 +16,7 @@ runner (:class:`perfsuite.rank.worker.base.Runner`). Built in:
 from __future__ import annotations
 
 from perfsuite.core.validation import ScenarioError
-from perfsuite.core.workloads.base import TIERS, BaseScenario, Tier
+from perfsuite.core.workloads.base import TIERS, BaseScenario, Tier, tiers_up_to
 from perfsuite.core.workloads.collective import Collective
 from perfsuite.core.workloads.microbench import DeviceCopy, Microbench
 from perfsuite.core.workloads.train import Precision, Scenario
@@ -33,4 +33,5 @@ __all__ = [
     "ScenarioError",
     "Tier",
     "TrainerScenario",
+    "tiers_up_to",
 ]

@@ -34,6 +34,12 @@ OUTCOMES: tuple[str, ...] = get_args(Outcome)
 Tier = Literal["pr", "nightly"]
 TIERS: tuple[str, ...] = get_args(Tier)
 
+
+def tiers_up_to(tier: str) -> frozenset[str]:
+    """The tiers a run of ``tier`` selects: it and the cheaper ones."""
+    return frozenset(TIERS[: TIERS.index(tier) + 1])
+
+
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 
 

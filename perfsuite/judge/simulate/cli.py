@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from perfsuite.core.profiles import CPU, HardwareProfile, gpu_profile
-from perfsuite.core.workloads import TIERS
+from perfsuite.core.workloads import TIERS, tiers_up_to
 from perfsuite.judge import sequential
 from perfsuite.judge.sequential import Design
 from perfsuite.judge.simulate import family, model, realgate, trials
@@ -344,7 +344,7 @@ def false_alarms_table(noise: ProfileNoise, profile: HardwareProfile, chosen: Op
         yield "    (the suite was not collected, so its tiers are unknown: every committed row as one run)"
     yield f"    {'tier':<9}{'rows':>5}  {'own tolerances':<24}{'family floor':<24}{'bound':>7}  {'caught: own -> family':<24}"
     for tier in TIERS if chosen.tiers else ("every",):
-        allowed = set(TIERS[: TIERS.index(tier) + 1]) if chosen.tiers else set()
+        allowed = tiers_up_to(tier) if chosen.tiers else frozenset()
         chosen_rows = [(name, row) for name, row in rows if not chosen.tiers or chosen.tiers.get(name) in allowed]
         if not chosen_rows:
             continue
@@ -356,13 +356,8 @@ def false_alarms_table(noise: ProfileNoise, profile: HardwareProfile, chosen: Op
         cost = f"{_median_caught(chosen_rows, alone)} -> {_median_caught(chosen_rows, together)}"
         yield (
             f"    {tier:<9}{len(chosen_rows):>5}  {own.joint.show():<24}{held.joint.show():<24}"
-            f"{small(held.bound):>7}  {cost:<24}{over}"
+            f"{family.percent(held.bound):>7}  {cost:<24}{over}"
         )
-
-
-def small(x: float) -> str:
-    """A rate as percent, with the digits a small one needs."""
-    return f"{x:.2%}" if x < 0.1 else f"{x:.0%}"
 
 
 def _median_caught(rows: Sequence[tuple[str, Row]], rules: model.Rules) -> str:

@@ -74,8 +74,8 @@ class RunFalseAlarms:
         """One line for a run's summary."""
         rows = f"{len(self.ids)} timing-judged row" + ("" if len(self.ids) == 1 else "s")
         return (
-            f"false alarms: an unchanged run of these {rows} fails at least one in {_pct(self.figure)} of runs "
-            f"(selftest --simulate's model; at most {_pct(self.bound)} whatever the rows' dependence)"
+            f"false alarms: an unchanged run of these {rows} fails at least one in {percent(self.figure)} of runs "
+            f"(selftest --simulate's model; at most {percent(self.bound)} whatever the rows' dependence)"
         )
 
 
@@ -88,9 +88,8 @@ def run_false_alarms(
     failed = np.zeros(draws, dtype=bool)
     per_row = []
     for _, row in rows:
-        base = model.pooled(row, row.session_cv * base_session, rng)
-        attempts = model.runs(row, rules, rng, row.session_cv * run_session)
-        alarms = model.gate_verdicts(model.GateDraws(base, attempts), row, rules, 0.0) == model.REGRESSION
+        drawn = model.gate_draws(row, rules, rng, draws, (base_session, run_session))
+        alarms = model.gate_verdicts(drawn, row, rules, 0.0) == model.REGRESSION
         per_row.append(float(np.mean(alarms)))
         failed |= alarms
     return RunFalseAlarms(tuple(name for name, _ in rows), tuple(per_row), rate(failed))
@@ -112,5 +111,6 @@ def floor_for(baseline: BaselineEntry, profile: HardwareProfile, rows: int) -> F
     return FamilyFloor(rows, row.family_floor(rows)) if row is not None else None
 
 
-def _pct(x: float) -> str:
+def percent(x: float) -> str:
+    """A run's rate as percent, with the digits a small one needs (0.47%, 18%)."""
     return f"{x:.2%}" if x < 0.1 else f"{x:.0%}"

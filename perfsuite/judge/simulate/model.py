@@ -134,10 +134,16 @@ def runs(row: Row, rules: Rules, rng: np.random.Generator, offset: Array) -> tup
     return tuple(launches(row, 1 + offset, rng, offset.shape) for _ in range(1 + rules.confirm))
 
 
-def gate_draws(row: Row, rules: Rules, rng: np.random.Generator, size: int) -> GateDraws:
-    """``size`` runs, each against its own baseline recorded in another session."""
-    base = pooled(row, session_offsets(row, rng, size), rng)
-    return GateDraws(base, runs(row, rules, rng, session_offsets(row, rng, size)))
+def gate_draws(
+    row: Row, rules: Rules, rng: np.random.Generator, size: int, sessions: tuple[Array, Array] | None = None
+) -> GateDraws:
+    """``size`` runs, each against its own baseline recorded in another session. ``sessions``: the
+    baseline's and the run's session draws (standard normal, ``size`` each) that every row of one
+    run shares; drawn here when not given."""
+    base_offset = row.session_cv * sessions[0] if sessions is not None else session_offsets(row, rng, size)
+    base = pooled(row, base_offset, rng)
+    run_offset = row.session_cv * sessions[1] if sessions is not None else session_offsets(row, rng, size)
+    return GateDraws(base, runs(row, rules, rng, run_offset))
 
 
 def gate_verdicts(draws: GateDraws, row: Row, rules: Rules, slowdown: float) -> NDArray[np.int64]:
