@@ -420,6 +420,11 @@ def test_a_budget_too_small_for_everything_exits_3_naming_what_is_missing(tmp_pa
     last = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 3, done.stdout + done.stderr[-3000:]
     assert "incomplete" in last and "run it again to resume" in last and "cv:" in last
-    # The budget covers all but the interpreter's start (~2 s here), report included.
-    assert wall < 20 * 1.1 + 3, wall
+    # The budget covers all but the interpreter's start, report included. That start is measured
+    # here, as loaded as the run was: ~2 s alone, and a fixed 3 s was 0.3 s short once in CI with
+    # xdist's other worker busy (25.3 s).
+    before = time.monotonic()
+    subprocess.run([sys.executable, "-m", "perfsuite", "--help"], cwd=ROOT, capture_output=True, check=True)
+    interpreter = time.monotonic() - before
+    assert wall < 20 * 1.1 + max(3.0, 2 * interpreter), (wall, interpreter)
     assert "| missing |" in (tmp_path / "out" / "bootstrap.md").read_text()
