@@ -41,6 +41,17 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
     regression: about a minute of CI). The tests of op profiles pass --perf-op-profiles=auto, which comes
     after PYTEST_ADDOPTS on the command line and wins. (pytester clears PYTEST_ADDOPTS when it starts.)"""
     monkeypatch.setenv("PYTEST_ADDOPTS", "--perf-op-profiles=off")
+    subprocess_run = pytester.runpytest_subprocess
+
+    def perfsuite_only(*args: str | os.PathLike[str], **kwargs: Any) -> pytest.RunResult:
+        # A run loads perfsuite and what it names with -p, not every plugin of this venv (hypothesis,
+        # xdist, benchmark, timeout, anyio: 0.45 s of CPU a run, and the self-tests start hundreds).
+        # Set for the child alone: ab-rev, bisect and bootstrap start pytest as a team would.
+        with monkeypatch.context() as env:
+            env.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+            return subprocess_run("-p", "perfsuite", *args, **kwargs)
+
+    monkeypatch.setattr(pytester, "runpytest_subprocess", perfsuite_only)
     return pytester
 
 

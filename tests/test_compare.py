@@ -9,7 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy.stats import ttest_ind_from_stats
 
 from perfsuite.__main__ import main
 from perfsuite.judge.compare import (
@@ -19,6 +23,7 @@ from perfsuite.judge.compare import (
     judge_outcome,
     resolve_tolerances,
     welch_interval,
+    worse_p_value,
 )
 from perfsuite.judge.stats import ScenarioMetrics, Summary
 from perfsuite.store.baselines import BaselineEntry
@@ -353,3 +358,31 @@ def test_a_change_in_step_work_is_named_first_exactly(tmp_path: Path, capsys: py
     ]
     _, same, _ = compare(capsys, old, doctored(tmp_path, counted))
     assert same[1] == "same profile and machine"  # nothing changed: no work lines
+
+
+@given(
+    st.floats(1, 1e4),
+    st.floats(0, 1e3),
+    st.integers(2, 60),
+    st.floats(1, 1e4),
+    st.floats(0, 1e3),
+    st.integers(2, 60),
+    st.sampled_from(["higher", "lower"]),
+)
+def test_the_gates_welch_test_is_scipys(
+    mean: float, std: float, n: int, base_mean: float, base_std: float, base_n: int, direction: str
+) -> None:
+    """worse_p_value is scipy.stats' one-sided Welch test from the stored statistics, zero spreads
+    included (it avoids scipy.stats' import, not its result)."""
+    alternative = "less" if direction == "higher" else "greater"
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = float(
+            ttest_ind_from_stats(
+                mean, std, n, base_mean, base_std, base_n, equal_var=False, alternative=alternative
+            ).pvalue
+        )
+    found = worse_p_value(Summary(mean, std, n), {"mean": base_mean, "std": base_std, "n": base_n}, direction)
+    if not np.isfinite(expected):
+        assert found is None
+    else:
+        assert found == pytest.approx(expected, rel=1e-9, abs=1e-12)

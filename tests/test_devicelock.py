@@ -69,7 +69,7 @@ def test_scenarios_refuse_pytest_xdist_with_a_clear_message(project: pytest.Pyte
             '    Scenario("x", "ddp", model=TINY, world_size=2, micro_batch=8, global_batch=16, seq_len=32),'
         )
     )
-    result = project.runpytest_subprocess(CPU_PROFILE, "-n", "1", "-p", "no:cacheprovider")
+    result = project.runpytest_subprocess(CPU_PROFILE, "-p", "xdist", "-n", "1", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*perfsuite scenarios cannot run under pytest-xdist*measure each other*"])
     assert result.ret != 0
     assert not (project.path / "baselines" / "cpu").exists()

@@ -26,6 +26,7 @@ from perfsuite.judge.compare import ALPHA
 from perfsuite.judge.judging import SPREAD_GROWTH_FLOOR
 from perfsuite.judge.sequential import Design, decide
 from perfsuite.judge.simulate.noise import Row
+from perfsuite.judge.stats import welch_p_below
 
 Array = NDArray[np.float64]
 PASS, REGRESSION, UNRELIABLE = 0, 1, 2
@@ -84,12 +85,8 @@ def session_offsets(row: Row, rng: np.random.Generator, size: int) -> Array:
 
 
 def welch_p_less(run: Summaries, base: Summaries) -> Array:
-    """``compare.worse_p_value``'s one-sided Welch test (scipy's formula, as a ufunc: its
-    ``ttest_ind_from_stats`` costs milliseconds a call in its argument handling)."""
-    a, b = run.std**2 / run.n, base.std**2 / base.n
-    with np.errstate(divide="ignore", invalid="ignore"):
-        df = (a + b) ** 2 / (a**2 / (run.n - 1) + b**2 / (base.n - 1))
-        return np.asarray(stdtr(df, (run.mean - base.mean) / np.sqrt(a + b)), dtype=np.float64)
+    """``compare.worse_p_value``'s one-sided Welch test, element by element."""
+    return welch_p_below(run.mean, run.std, run.n, base.mean, base.std, base.n)
 
 
 def judge(base: Summaries, run: Summaries, tolerance: float, rules: Rules) -> NDArray[np.int64]:

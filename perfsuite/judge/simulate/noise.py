@@ -8,6 +8,7 @@ the data fails there. All figures are relative (coefficients of variation).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -134,9 +135,7 @@ class Row:
         """The loss an unchanged run exceeds with probability ``FAMILY_ALPHA / rows``: Bonferroni's
         level for a run that judges ``rows`` rows' timing, so that all of them together raise a false
         alarm in at most ``FAMILY_ALPHA`` of unchanged runs (the model's normal offsets)."""
-        from scipy.stats import norm  # scipy: only where a run judges several rows
-
-        return float(norm.isf(FAMILY_ALPHA / max(1, rows))) * self.change_cv
+        return -statistics.NormalDist().inv_cdf(FAMILY_ALPHA / max(1, rows)) * self.change_cv
 
     def judged_tolerance(self, rows: int) -> float:
         """The loss this row fails beyond in a run of ``rows`` timing-judged rows: its tolerance, or the

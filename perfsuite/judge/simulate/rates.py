@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import stats as scipy_stats
 
 from perfsuite.core.profiles import HardwareProfile
 from perfsuite.judge.sequential import REGRESSION, Design
@@ -34,6 +33,8 @@ class Rate:
         return self.k / self.n if self.n else float("nan")
 
     def interval(self) -> tuple[float, float]:
+        from scipy import stats as scipy_stats  # 1 s of import: only where a rate is shown
+
         ci = scipy_stats.binomtest(self.k, self.n).proportion_ci(0.95, method="wilson")
         return float(ci.low), float(ci.high)
 
