@@ -28,6 +28,14 @@ def _warm_parents_shared() -> None:
     warm.share_with_children()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_cache_for_the_session(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every run this session starts keeps its answers in one cache (perfsuite.core.models.probe), as a
+    user's runs share ~/.cache: pytester gives each child its own HOME, which would ask transformers
+    again in every run that collects an ``hf`` model (about 10 s of CPU each). Shared by xdist's workers."""
+    os.environ.setdefault("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp().parent / "xdg-cache"))
+
+
 @pytest.fixture(autouse=True)
 def _outside_github_actions(monkeypatch: pytest.MonkeyPatch) -> None:
     """CI on GitHub sets GITHUB_ACTIONS=true: the self-tests' runs would print the plugin's

@@ -183,3 +183,28 @@ def test_a_hub_name_fails_collection_naming_the_field(pytester: pytest.Pytester)
     result.stdout.fnmatch_lines(
         ["*field 'source' names the Hub model 'Qwen/Qwen2.5-0.5B', which would need the network*"]
     )
+
+
+def test_transformers_answers_are_kept_per_installed_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child's answer about transformers is kept: a later run (its lru caches empty) asks no child,
+    and another transformers version asks again."""
+    from perfsuite.core.models import probe
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    probe.hf_attribute_map.cache_clear()
+    first = probe.hf_attribute_map("gpt2")
+    assert first is not None and first["hidden_size"] == "n_embd"
+    assert len(list((tmp_path / "perfsuite" / "probes").glob("*.json"))) == 1
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a kept answer started a child")
+
+    probe.hf_attribute_map.cache_clear()
+    with monkeypatch.context() as patched:
+        patched.setattr(probe.subprocess, "run", no_child)
+        assert probe.hf_attribute_map("gpt2") == first
+    probe.hf_attribute_map.cache_clear()
+    monkeypatch.setattr(probe.importlib.metadata, "version", lambda name: "0.0.1")
+    assert probe.hf_attribute_map("gpt2") == first  # asked again: a second answer is kept
+    assert len(list((tmp_path / "perfsuite" / "probes").glob("*.json"))) == 2
+    probe.hf_attribute_map.cache_clear()

@@ -16,14 +16,19 @@ ranks' PYTHONPATH as an argument.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 #: ``package.module:function``.
@@ -152,11 +157,50 @@ def hf_attribute_map(model_type: str) -> Mapping[str, str] | None:
 
 
 def _ask(code: str, argument: str) -> Any:
-    """What a child interpreter running ``code`` printed as JSON (None when it failed)."""
+    """What a child interpreter running ``code`` printed as JSON (None when it failed), from the
+    answers kept for this transformers where it was asked before: each child imports transformers
+    (4-6 s of CPU), and every pytest run that collects an ``hf`` model asked two of them."""
+    kept = _kept_answer(code, argument)
+    if kept is not None and kept.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(kept.read_text())
     try:
         done = subprocess.run(
             [sys.executable, "-c", code, argument], capture_output=True, text=True, timeout=120, check=True
         )
-        return json.loads(done.stdout)
+        answer = json.loads(done.stdout)
     except (subprocess.SubprocessError, ValueError, OSError):
         return None
+    if kept is not None:
+        _keep(kept, done.stdout)
+    return answer
+
+
+def _kept_answer(code: str, argument: str) -> Path | None:
+    """Where the answer of ``code`` about ``argument`` is kept for the transformers installed here:
+    keyed by this interpreter, transformers' version and its auto-configuration module's size and
+    time (an edited or reinstalled transformers asks again). None without transformers."""
+    spec = importlib.util.find_spec("transformers")  # finds the package without importing it
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        auto = (Path(spec.origin).parent / "models" / "auto" / "configuration_auto.py").stat()
+        version = importlib.metadata.version("transformers")
+    except (OSError, importlib.metadata.PackageNotFoundError):
+        return None
+    key = json.dumps([code, argument, sys.executable, sys.version, version, auto.st_size, auto.st_mtime_ns])
+    return cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+
+
+def cache_dir() -> Path:
+    """perfsuite's answers kept between runs: ``$XDG_CACHE_HOME/perfsuite/probes`` (default ~/.cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "perfsuite" / "probes"
+
+
+def _keep(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: runs beside this one (xdist workers) read it."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+            tmp.write(text)
+        os.replace(tmp.name, path)
