@@ -14,6 +14,12 @@ from pathlib import Path
 from typing import Any
 
 
+def user_cache(name: str) -> Path:
+    """perfsuite's folder ``name`` among this user's caches: ``$XDG_CACHE_HOME/perfsuite/NAME``
+    (default ``~/.cache``), what runs keep for later runs on this machine."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "perfsuite" / name
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` through a temp file in the same folder and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,10 +26,11 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from perfsuite.core.files import atomic_write_text, user_cache
 
 #: ``package.module:function``.
 REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -172,7 +173,8 @@ def _ask(code: str, argument: str) -> Any:
     except (subprocess.SubprocessError, ValueError, OSError):
         return None
     if kept is not None:
-        _keep(kept, done.stdout)
+        with contextlib.suppress(OSError):  # a cache it cannot write costs the next run a child
+            atomic_write_text(kept, done.stdout)
     return answer
 
 
@@ -189,18 +191,4 @@ def _kept_answer(code: str, argument: str) -> Path | None:
     except (OSError, importlib.metadata.PackageNotFoundError):
         return None
     key = json.dumps([code, argument, sys.executable, sys.version, version, auto.st_size, auto.st_mtime_ns])
-    return cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
-
-
-def cache_dir() -> Path:
-    """perfsuite's answers kept between runs: ``$XDG_CACHE_HOME/perfsuite/probes`` (default ~/.cache)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "perfsuite" / "probes"
-
-
-def _keep(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: runs beside this one (xdist workers) read it."""
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
-            tmp.write(text)
-        os.replace(tmp.name, path)
+    return user_cache("probes") / f"{hashlib.sha256(key.encode()).hexdigest()}.json"

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from perfsuite.core.files import user_cache
 from perfsuite.core.protocol import EngineUnavailable
 from perfsuite.rank.strategies.base import Strategy
 
@@ -77,10 +78,8 @@ def pin_inductor_cache() -> None:
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         return
     checkout = Path(__file__).resolve().parents[3]
-    if (checkout / "pyproject.toml").is_file():
-        where = checkout / "build" / "inductor-cache"  # a source checkout: its ignored build/
-    else:
-        where = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "perfsuite" / "inductor"
+    in_checkout = (checkout / "pyproject.toml").is_file()  # a source checkout: its ignored build/
+    where = checkout / "build" / "inductor-cache" if in_checkout else user_cache("inductor")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(where)
     sweep_dead_kernels(where)
 
