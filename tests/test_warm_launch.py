@@ -303,6 +303,11 @@ def test_what_a_parent_is_keyed_on() -> None:
     assert key == warm.ParentKey.of("py", ["a", "b"], {**env, "HOME": "/tmp", "PERFSUITE_RUN_TOKEN": "x"})
     assert key.preload == ("a", "b")
     assert key != warm.ParentKey.of("py", ["a", "b"], {**env, "OMP_NUM_THREADS": "2"})
+    # glibc reads its allocator's settings when a process starts, and a fork keeps its parent's: a
+    # launch that sets them gets a parent started with them (a shared parent without them ran a
+    # slow self-test's FSDP2 ranks out of their data limit).
+    assert key != warm.ParentKey.of("py", ["a", "b"], {**env, "MALLOC_MMAP_THRESHOLD_": str(2**20)})
+    assert key != warm.ParentKey.of("py", ["a", "b"], {**env, "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
     assert key != warm.ParentKey.of("py", ["a"], env)
     assert key.digest() == warm.ParentKey.of("py", ["a", "b"], env).digest()
 

@@ -48,8 +48,11 @@ START_TIMEOUT_S = 180.0
 #: How long a parent may take to answer a request: it forks at once.
 ANSWER_TIMEOUT_S = 30.0
 #: Variables that torch, its engines, transformers or the interpreter read when they are
-#: imported: a parent serves only requests whose values of these equal its own.
+#: imported, and glibc's allocator settings, which it reads once when a process starts (a fork
+#: keeps its parent's): a parent serves only requests whose values of these equal its own.
 IMPORT_ENV_PREFIXES = (
+    "MALLOC_",
+    "GLIBC_TUNABLES",
     "TORCH",
     "PYTORCH",
     "OMP_",
